@@ -1,0 +1,29 @@
+# Two commands: `make run` (the main job) and `make test` (the test suite).
+# Both create .venv when missing and re-install only when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+comma := ,
+# The escnn oracle extra needs a Fortran compiler (py3nj); install it only where one exists.
+EXTRAS := dev,data$(if $(shell command -v gfortran 2>/dev/null),$(comma)oracle)
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: run test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: $(STAMP)
+	$(PY) -m eqvit groups
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,60 @@
+"""The group-theory core: finite groups, real irreps, homogeneous spaces, SO(3).
+
+``get_group(name)`` accepts ``"C{n}"``, ``"D{n}"`` (n >= 1), ``"T"``, ``"O"``, ``"I"`` and
+``"trivial"``; groups are cached, so construction cost is paid once.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from eqvit.groups.base import FiniteGroup
+from eqvit.groups.homogeneous import HomogeneousSpace
+from eqvit.groups.irreps import Irrep, Representation
+from eqvit.groups.planar import cyclic, dihedral
+from eqvit.groups.platonic import icosahedral, octahedral, tetrahedral
+
+__all__ = [
+    "FiniteGroup",
+    "HomogeneousSpace",
+    "Irrep",
+    "Representation",
+    "cyclic",
+    "dihedral",
+    "get_group",
+    "icosahedral",
+    "list_groups",
+    "octahedral",
+    "tetrahedral",
+]
+
+_PLATONIC = {"T": tetrahedral, "O": octahedral, "I": icosahedral}
+VALID_FORMS = ["C{n}", "D{n}", "T", "O", "I", "trivial"]
+
+
+@lru_cache(maxsize=None)
+def get_group(name: str) -> FiniteGroup:
+    """The finite group called ``name``: ``"C{n}"``, ``"D{n}"`` (n >= 1), ``"T"``, ``"O"``, ``"I"``, ``"trivial"``."""
+    if not isinstance(name, str):
+        raise ValueError(f"expected a group name (str), got {type(name).__name__}")
+    if name == "trivial":
+        return get_group("C1")
+    if name in _PLATONIC:
+        return _PLATONIC[name]()
+    match = re.fullmatch(r"([CD])([1-9]\d*)", name)
+    if match is None:
+        import difflib
+
+        valid = list_groups() + ["trivial"]
+        by_upper = {v.upper(): v for v in valid}
+        close = difflib.get_close_matches(name.upper(), list(by_upper), n=1)
+        hint = f" Did you mean {by_upper[close[0]]!r}?" if close else ""
+        raise ValueError(f"unknown group {name!r}.{hint} Valid forms: {', '.join(VALID_FORMS)} (n >= 1)")
+    n = int(match.group(2))
+    return cyclic(n) if match.group(1) == "C" else dihedral(n)
+
+
+def list_groups(max_n: int = 8) -> list[str]:
+    """Names of the commonly used groups: C1..C{max_n}, D1..D{max_n}, T, O, I."""
+    return [f"C{n}" for n in range(1, max_n + 1)] + [f"D{n}" for n in range(1, max_n + 1)] + ["T", "O", "I"]

@@ -1,0 +1,188 @@
+"""Equivariance checks for users and for the test suite.
+
+``assert_equivariant(model)`` evaluates ``model`` in float64 on a random input, acts on the input
+with every element of the model's group (or random rotations for SO(3)), and compares the output
+with the correspondingly transformed original output. It raises :class:`EquivarianceError` with a
+per-element table when the relative error of any element exceeds the tolerance.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from eqvit.groups import FiniteGroup, get_group
+
+Action = Callable[[np.ndarray, torch.Tensor], torch.Tensor]
+"""``action(matrix, x)``: the group element (as a ``[d, d]`` orthogonal matrix) applied to ``x``."""
+
+DEFAULT_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+class EquivarianceError(AssertionError):
+    """Raised by :func:`assert_equivariant`; ``.report`` holds the measured errors."""
+
+    def __init__(self, message: str, report: EquivarianceReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class EquivarianceReport:
+    """Errors of one check. ``rows``: (label, max abs error, relative error) per element."""
+
+    group: str
+    dtype: torch.dtype
+    tolerance: float
+    rows: list[tuple[str, float, float]]
+
+    @property
+    def max_relative_error(self) -> float:
+        return max((r[2] for r in self.rows), default=0.0)
+
+    @property
+    def passed(self) -> bool:
+        return self.max_relative_error <= self.tolerance
+
+    def table(self) -> str:
+        header = f"{'element':<34} {'max abs err':>12} {'rel err':>12}  "
+        lines = [header, "-" * len(header)]
+        for label, abs_err, rel_err in self.rows:
+            flag = "FAIL" if rel_err > self.tolerance else "ok"
+            lines.append(f"{label:<34} {abs_err:12.3e} {rel_err:12.3e}  {flag}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        verdict = "equivariant" if self.passed else "NOT equivariant"
+        return (
+            f"{verdict} under {self.group} ({str(self.dtype).replace('torch.', '')}, "
+            f"tolerance {self.tolerance:.0e}, max rel err {self.max_relative_error:.3e})\n{self.table()}"
+        )
+
+
+def describe_element(matrix: np.ndarray) -> str:
+    """Short label of an orthogonal matrix: rotation angle/axis, or reflection."""
+    d = matrix.shape[0]
+    det = np.linalg.det(matrix)
+    if d == 2:
+        if det > 0:
+            return f"rot {np.degrees(np.arctan2(matrix[1, 0], matrix[0, 0])) % 360:.1f}deg"
+        axis = np.degrees(np.arctan2(matrix[1, 0], matrix[0, 0]) / 2) % 180
+        return f"reflect axis {axis:.1f}deg"
+    angle = np.degrees(np.arccos(np.clip((np.trace(matrix) - 1) / 2, -1, 1)))
+    if angle < 1e-6:
+        return "identity"
+    axis = np.array([matrix[2, 1] - matrix[1, 2], matrix[0, 2] - matrix[2, 0], matrix[1, 0] - matrix[0, 1]])
+    if np.linalg.norm(axis) < 1e-6:  # half-turn: axis from the symmetric part
+        w, v = np.linalg.eigh((matrix + matrix.T) / 2)
+        axis = v[:, np.argmax(w)]
+    axis = axis / np.linalg.norm(axis)
+    return f"rot {angle:.1f}deg [{axis[0]:+.2f},{axis[1]:+.2f},{axis[2]:+.2f}]"
+
+
+def permutation_action(domain: Any) -> Action:
+    """The action on fields over ``domain`` (which has ``.act(matrix, x)``)."""
+    return domain.act
+
+
+def invariant_action(matrix: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """The trivial action, for invariant outputs (class logits)."""
+    return x
+
+
+def _resolve_group(model: nn.Module, group: FiniteGroup | str | None) -> FiniteGroup | str:
+    if group is None:
+        group = getattr(model, "group", None)
+        if group is None:
+            raise ValueError("model has no .group attribute: pass group=... explicitly")
+    if isinstance(group, str) and group.upper() != "SO3":
+        group = get_group(group)
+    return group
+
+
+def assert_equivariant(
+    model: nn.Module | Callable[[torch.Tensor], torch.Tensor],
+    group: FiniteGroup | str | None = None,
+    *,
+    inputs: torch.Tensor | None = None,
+    input_action: Action | None = None,
+    output_action: Action | str | None = None,
+    dtype: torch.dtype = torch.float64,
+    tolerance: float | None = None,
+    num_rotations: int = 8,
+    batch_size: int = 2,
+    seed: int = 0,
+) -> EquivarianceReport:
+    """Check ``model(g . x) == g . model(x)`` for every element g of ``group``.
+
+    Args:
+        model: an ``nn.Module`` (copied and cast to ``dtype``) or a plain function.
+        group: a FiniteGroup, a name for :func:`get_group`, or ``"SO3"`` for ``num_rotations``
+            random rotations; defaults to ``model.group``.
+        inputs: the input ``x``; by default standard normal of shape
+            ``[batch_size, model.in_chans, *model.domain.shape]``.
+        input_action: ``action(matrix, x)``; defaults to ``model.domain.act``.
+        output_action: ``action(matrix, y)``, or ``"invariant"``, or ``"same"`` (the input
+            action); defaults to ``model.output_action`` when the model defines it, else ``"same"``.
+        dtype: evaluation dtype; float64 by default (exact up to round-off).
+        tolerance: bound on the relative error ``max|f(gx) - g f(x)| / max|g f(x)|``; defaults to
+            1e-10 in float64 and 1e-5 in float32.
+
+    Returns:
+        The :class:`EquivarianceReport` (also when it passes).
+
+    Raises:
+        EquivarianceError: with the per-element table if any element exceeds the tolerance.
+    """
+    group = _resolve_group(model, group)
+    domain = getattr(model, "domain", None)
+    if input_action is None:
+        if domain is None:
+            raise ValueError("model has no .domain attribute: pass input_action=... explicitly")
+        input_action = domain.act
+    if output_action is None:
+        output_action = getattr(model, "output_action", "same")
+    if output_action == "same":
+        output_action = input_action
+    elif output_action == "invariant":
+        output_action = invariant_action
+    if tolerance is None:
+        tolerance = DEFAULT_TOLERANCE.get(dtype, 1e-5)
+
+    gen = torch.Generator().manual_seed(seed)
+    if inputs is None:
+        if domain is None or not hasattr(model, "in_chans"):
+            raise ValueError("pass inputs=... (model lacks .domain or .in_chans to build a random input)")
+        inputs = torch.randn(batch_size, model.in_chans, *domain.shape, generator=gen, dtype=torch.float64)
+    x = inputs.to(dtype)
+
+    if isinstance(model, nn.Module):
+        model = copy.deepcopy(model).to(dtype).eval()
+
+    if isinstance(group, FiniteGroup):
+        matrices, name = group.elements, group.name
+    else:
+        from eqvit.groups.so3 import random_rotations
+
+        matrices = random_rotations(num_rotations, generator=gen, dtype=torch.float64).numpy()
+        name = f"SO(3) ({num_rotations} random rotations)"
+
+    rows = []
+    with torch.no_grad():
+        y = model(x)
+        for k, g in enumerate(matrices):
+            expected = output_action(g, y)
+            got = model(input_action(g, x))
+            abs_err = (got - expected).abs().max().item()
+            scale = expected.abs().max().item()
+            rows.append((f"{k:>3} {describe_element(g)}", abs_err, abs_err / max(scale, 1e-300)))
+    report = EquivarianceReport(name, dtype, tolerance, rows)
+    if not report.passed:
+        raise EquivarianceError(str(report), report)
+    return report

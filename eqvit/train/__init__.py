@@ -1,0 +1,18 @@
+"""Training: engine, metrics, checkpoints. Submodules load on first use."""
+
+import importlib
+
+_LAZY = {
+    "relative_lp_error": "metrics",
+    "latlon_quadrature_weights": "metrics",
+    "SphereErrorMap": "metrics",
+    "polar_error_ratio": "metrics",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
