@@ -1,7 +1,12 @@
-"""eqvit: group-equivariant Vision Transformers for PyTorch."""
+"""eqvit: group-equivariant Vision Transformers for PyTorch.
+
+``eqvit.create_model(name, **kwargs)`` builds a registered model; after ``import eqvit``,
+``timm.create_model(name)`` builds the same one.
+"""
 
 from eqvit import groups
+from eqvit.models import EquivariantViT, create_model, list_models, register_model
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "groups"]
+__all__ = ["EquivariantViT", "__version__", "create_model", "groups", "list_models", "register_model"]

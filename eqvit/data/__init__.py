@@ -10,7 +10,7 @@ _LAZY = {
     "latlon_points": "shallow_water",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = ["ShallowWaterConfig", "ShallowWaterData", "ShallowWaterStream", "ValidationSet", "latlon_points"]
 
 
 def __getattr__(name):

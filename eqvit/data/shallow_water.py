@@ -61,9 +61,9 @@ __all__ = [
     "ShallowWaterStream",
     "ValidationSet",
     "latlon_points",
+    "pack_real_coefficients",
     "points_hash",
     "real_sh_basis",
-    "pack_real_coefficients",
 ]
 
 CHANNELS = ("geopotential", "vorticity", "divergence")
@@ -181,7 +181,7 @@ def latlon_points(nlat: int, nlon: int, grid: str = "equiangular") -> torch.Tens
 
 def _check_points(points: torch.Tensor, name: str = "points") -> torch.Tensor:
     if not isinstance(points, torch.Tensor):
-        raise ValueError(f"expected {name} as a torch.Tensor [V, 3], got {type(points).__name__}")
+        raise TypeError(f"expected {name} as a torch.Tensor [V, 3], got {type(points).__name__}")
     if points.ndim != 2 or points.shape[1] != 3 or points.shape[0] < 1:
         raise ValueError(f"expected {name} of shape [V, 3] (unit vectors), got {list(points.shape)}")
     points = points.detach().to(torch.float64)
@@ -220,7 +220,9 @@ def pack_real_coefficients(spec: torch.Tensor) -> torch.Tensor:
     of :func:`real_sh_basis`.
     """
     if not torch.is_complex(spec) or spec.ndim < 2:
-        raise ValueError(f"expected complex coefficients [..., lmax, mmax], got {spec.dtype} {list(spec.shape)}")
+        raise ValueError(
+            f"expected complex coefficients [..., lmax, mmax], got {spec.dtype} {list(spec.shape)}"
+        )
     lmax, mmax = spec.shape[-2:]
     l_idx, m_idx = _tril_index(lmax, mmax)
     l_idx, m_idx = l_idx.to(spec.device), m_idx.to(spec.device)
@@ -269,7 +271,9 @@ def _dudtspec(solver, uspec: torch.Tensor) -> torch.Tensor:
     d_vrt = -1 * tmpspec[..., 1, :, :]
     tmp = solver.vrtdivspec(uvgrid * ugrid[..., 0:1, :, :])
     d_phi = -1 * tmp[..., 1, :, :]
-    energy = solver.grid2spec(ugrid[..., 0, :, :] + 0.5 * (uvgrid[..., 0, :, :] ** 2 + uvgrid[..., 1, :, :] ** 2))
+    energy = solver.grid2spec(
+        ugrid[..., 0, :, :] + 0.5 * (uvgrid[..., 0, :, :] ** 2 + uvgrid[..., 1, :, :] ** 2)
+    )
     d_div = d_div - solver.lap * energy
     return torch.stack((d_phi, d_vrt, d_div), dim=-3)
 
@@ -395,7 +399,7 @@ class ShallowWaterData:
 
         self.config = config if config is not None else ShallowWaterConfig()
         if not isinstance(self.config, ShallowWaterConfig):
-            raise ValueError(f"expected a ShallowWaterConfig, got {type(self.config).__name__}")
+            raise TypeError(f"expected a ShallowWaterConfig, got {type(self.config).__name__}")
         cfg = self.config
         self.device = torch.device(device)
         with _torch_threads(cfg.num_threads):
@@ -454,7 +458,9 @@ class ShallowWaterData:
         scale = torch.sqrt(torch.tensor(4 * torch.pi / llimit / (llimit + 1), device=dev, dtype=ctype))
         uspec[..., :nl, :nm] = scale * torch.randn(n, 3, nl, nm, dtype=ctype, device=dev, generator=gen)
         uspec[:, 0] = s.gravity * s.hamp * uspec[:, 0]
-        uspec[:, 0, 0, 0] += torch.sqrt(torch.tensor(4 * torch.pi, device=dev, dtype=ctype)) * s.havg * s.gravity
+        uspec[:, 0, 0, 0] += (
+            torch.sqrt(torch.tensor(4 * torch.pi, device=dev, dtype=ctype)) * s.havg * s.gravity
+        )
         uspec[:, 1:] = self.config.mach * uspec[:, 1:] * torch.sqrt(s.gravity * s.havg) / s.radius
         return torch.tril(uspec)
 

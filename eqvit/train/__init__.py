@@ -9,7 +9,7 @@ _LAZY = {
     "polar_error_ratio": "metrics",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = ["SphereErrorMap", "latlon_quadrature_weights", "polar_error_ratio", "relative_lp_error"]
 
 
 def __getattr__(name):

@@ -19,12 +19,12 @@ import math
 import torch
 
 __all__ = [
-    "latlon_quadrature_weights",
+    "SphereErrorMap",
     "grid_latitudes",
+    "latlon_quadrature_weights",
+    "polar_error_ratio",
     "relative_lp_error",
     "weighted_mean",
-    "SphereErrorMap",
-    "polar_error_ratio",
 ]
 
 _REDUCTIONS = ("none", "channel", "mean")
@@ -57,7 +57,7 @@ def grid_latitudes(nlat: int, grid: str = "equiangular") -> torch.Tensor:
 
 def _spatial_ndim(weights: torch.Tensor) -> int:
     if not isinstance(weights, torch.Tensor):
-        raise ValueError(f"expected weights as a torch.Tensor, got {type(weights).__name__}")
+        raise TypeError(f"expected weights as a torch.Tensor, got {type(weights).__name__}")
     if weights.ndim not in (1, 2):
         raise ValueError(
             f"expected weights of shape [V] (point set) or [nlat, nlon] / [nlat, 1] (grid), "
@@ -72,9 +72,13 @@ def _check_weights(weights: torch.Tensor, spatial: tuple[int, ...]) -> None:
     else:  # a grid: one weight per point, or per latitude row
         ok = len(spatial) == 2 and weights.shape[0] == spatial[0] and weights.shape[1] in (spatial[1], 1)
     if not ok:
-        expected = f"[{spatial[0]}]" if len(spatial) == 1 else f"[{spatial[0]}, {spatial[1]}] or [{spatial[0]}, 1]"
-        raise ValueError(f"expected weights of shape {expected} for fields of spatial shape {list(spatial)}, "
-                         f"got {list(weights.shape)}")
+        expected = (
+            f"[{spatial[0]}]" if len(spatial) == 1 else f"[{spatial[0]}, {spatial[1]}] or [{spatial[0]}, 1]"
+        )
+        raise ValueError(
+            f"expected weights of shape {expected} for fields of spatial shape {list(spatial)}, "
+            f"got {list(weights.shape)}"
+        )
 
 
 def _split_shape(x: torch.Tensor, k: int, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -117,16 +121,22 @@ def relative_lp_error(
     if not p >= 1:
         raise ValueError(f"expected p >= 1, got {p!r}")
     if pred.shape != target.shape:
-        raise ValueError(f"expected pred and target of the same shape, got {list(pred.shape)} and {list(target.shape)}")
+        raise ValueError(
+            f"expected pred and target of the same shape, got {list(pred.shape)} and {list(target.shape)}"
+        )
     k = _spatial_ndim(weights)
     if dims is not None:
         expected = tuple(range(-k, 0))
         if tuple(d - pred.ndim if d >= 0 else d for d in dims) != expected:
-            raise ValueError(f"expected dims {expected} (the trailing dims matching weights {list(weights.shape)}), got {tuple(dims)}")
+            raise ValueError(
+                f"expected dims {expected} (the trailing dims matching weights {list(weights.shape)}), got {tuple(dims)}"
+            )
     lead, spatial = _split_shape(pred, k, "pred")
     _check_weights(weights, spatial)
     if reduction == "channel" and len(lead) < 1:
-        raise ValueError(f"reduction='channel' needs a channel dim before the spatial dims, got shape {list(pred.shape)}")
+        raise ValueError(
+            f"reduction='channel' needs a channel dim before the spatial dims, got shape {list(pred.shape)}"
+        )
     sdims = tuple(range(-k, 0))
     w = weights.to(device=pred.device, dtype=pred.dtype)
     num = ((pred - target).abs() ** p * w).sum(dim=sdims)
@@ -163,11 +173,15 @@ class SphereErrorMap:
     @torch.no_grad()
     def update(self, pred: torch.Tensor, target: torch.Tensor) -> None:
         if pred.shape != target.shape:
-            raise ValueError(f"expected pred and target of the same shape, got {list(pred.shape)} and {list(target.shape)}")
+            raise ValueError(
+                f"expected pred and target of the same shape, got {list(pred.shape)} and {list(target.shape)}"
+            )
         if pred.ndim not in (3, 4):
             raise ValueError(f"expected [B, C, V] or [B, C, nlat, nlon], got {list(pred.shape)}")
         if self._shape is not None and tuple(pred.shape[1:]) != self._shape:
-            raise ValueError(f"expected samples of shape {list(self._shape)} as before, got {list(pred.shape[1:])}")
+            raise ValueError(
+                f"expected samples of shape {list(self._shape)} as before, got {list(pred.shape[1:])}"
+            )
         diff = (pred.detach().to(torch.float64) - target.detach().to(torch.float64)).abs()
         if self.kind == "squared":
             diff = diff * diff
@@ -191,7 +205,9 @@ def _latitudes_for(error_map: torch.Tensor, points_or_latitudes: torch.Tensor) -
             return torch.asin((loc[:, 2] / loc.norm(dim=1)).clamp(-1.0, 1.0))
         if loc.shape == (n,):
             return loc
-        raise ValueError(f"expected points [{n}, 3] or latitudes [{n}] for an error map of shape [{n}], got {list(loc.shape)}")
+        raise ValueError(
+            f"expected points [{n}, 3] or latitudes [{n}] for an error map of shape [{n}], got {list(loc.shape)}"
+        )
     nlat, nlon = error_map.shape
     if loc.shape == (nlat * nlon, 3):
         return torch.asin((loc[:, 2] / loc.norm(dim=1)).clamp(-1.0, 1.0)).reshape(nlat, nlon)
@@ -225,8 +241,10 @@ def polar_error_ratio(
     if error_map.ndim not in (1, 2):
         raise ValueError(f"expected an error map [V] or [nlat, nlon], got {list(error_map.shape)}")
     if _spatial_ndim(weights) != error_map.ndim:
-        raise ValueError(f"expected weights with {error_map.ndim} dims for an error map of shape "
-                         f"{list(error_map.shape)}, got {list(weights.shape)}")
+        raise ValueError(
+            f"expected weights with {error_map.ndim} dims for an error map of shape "
+            f"{list(error_map.shape)}, got {list(weights.shape)}"
+        )
     _check_weights(weights, tuple(error_map.shape))
     lat = _latitudes_for(error_map, points_or_latitudes)
     w = weights.to(device=error_map.device, dtype=error_map.dtype).expand(error_map.shape)

@@ -1,0 +1,397 @@
+"""SO(3): real Wigner-D matrices computed from rotation matrices, and rotation utilities.
+
+Conventions
+-----------
+* A rotation is a ``[..., 3, 3]`` tensor acting on column vectors; ``R1 @ R2`` applies ``R2`` first.
+* Real spherical harmonics ``Y_l = (Y_{l,-l}, ..., Y_{l,l})`` have z as the polar axis, are orthonormal
+  on the unit sphere and carry no Condon-Shortley phase: ``Y_{l,m} ∝ P_l^|m|(z) cos(m φ)`` for m > 0 and
+  ``∝ P_l^|m|(z) sin(|m| φ)`` for m < 0. For l = 1 this is ``sqrt(3 / 4π) (y, z, x)``.
+* ``wigner_D(l, R)`` is the matrix of the rotation in that basis, ``Y_l(R x) = wigner_D(l, R) @ Y_l(x)``.
+  It is real orthogonal and a homomorphism, and ``wigner_D(1, R) = P R Pᵀ`` with P the permutation
+  (x, y, z) -> (y, z, x), as in e3nn.
+
+Method
+------
+``Y_l`` extended to all of R^3 as ``|x|^l Y_l(x / |x|)`` is a homogeneous polynomial (a solid harmonic),
+so ``Y_l(R p)`` is a polynomial in the entries of R. For fixed points ``p_1..p_N`` whose matrix
+``Y_l(P)`` ([2l+1, N]) has full row rank, ``Y_l(R P) = D(R) Y_l(P)`` gives
+``D(R) = Y_l(R P) Y_l(P)^+``. The points and pseudo-inverses are computed once in float64 and cached per
+(L, device); each call rotates N points, runs the (angle-free) Legendre recursion of the solid harmonics
+on them and does one small matrix product per degree. No Euler angles or axis-angle appear anywhere, so
+nothing is singular at the identity, at half-turns or at the poles: the result is as accurate there as
+anywhere else. Everything is computed in float64 and returned in the caller's dtype and device.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "axis_angle_to_matrix",
+    "euler_zyz_to_matrix",
+    "matrix_to_euler_zyz",
+    "random_rotations",
+    "rotation_angle",
+    "spherical_harmonics",
+    "wigner_D",
+    "wigner_D_blocks",
+]
+
+# (x, y, z) -> (y, z, x): the real l = 1 basis in the order m = -1, 0, 1.
+_PERM_L1 = (1, 2, 0)
+# Condition number that the sampling matrices Y_l(P) must stay below, for every l <= L.
+_MAX_COND = 8.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# input validation (ValueError naming what was expected and what came; never assert)
+
+
+def _check_degree(l: int, name: str = "l") -> int:
+    if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or l < 0:
+        raise ValueError(f"expected {name} to be a non-negative int, got {l!r}")
+    return int(l)
+
+
+def _check_rotations(R: Tensor, name: str = "R") -> None:
+    if not isinstance(R, torch.Tensor):
+        raise ValueError(f"expected {name} to be a torch.Tensor of shape [..., 3, 3], got {type(R).__name__}")
+    if R.dim() < 2 or tuple(R.shape[-2:]) != (3, 3):
+        raise ValueError(f"expected {name} of shape [..., 3, 3], got {list(R.shape)}")
+    if not R.is_floating_point():
+        raise ValueError(f"expected {name} with a floating-point dtype, got {R.dtype}")
+
+
+def _work_device(device: torch.device) -> torch.device:
+    # MPS has no float64; everything else computes where the data lives.
+    return torch.device("cpu") if device.type == "mps" else device
+
+
+# ----------------------------------------------------------------------------------------------------
+# solid harmonics: constants and the angle-free recursion
+
+
+class _Recursion(NamedTuple):
+    """Coefficients of the real solid-harmonic recursion for degrees 0..L.
+
+    In the order m = -l..l, with ``C_m + i S_m = (x + i y)^m`` and ``r2 = |x|^2``:
+    ``Y_l[±l] = top0[l] (S_l | C_l)``, ``Y_l[±(l-1)] = top1[l] z (S_{l-1} | C_{l-1})`` and for |m| <= l-2
+    ``Y_l[m] = a[l][m] z Y_{l-1}[m] - b[l][m] r2 Y_{l-2}[m]`` (the fully normalised associated Legendre
+    recursion; the (x + i y)^m factor depends on m only, so it rides along unchanged).
+    """
+
+    c00: float  # Y_0 = 1 / sqrt(4 pi)
+    top0: Tensor  # [L - 1, 1] for l = 2..L
+    top1: Tensor  # [L - 1, 1] for l = 2..L
+    top0_1: float  # l = 1 edges
+    top1_1: float  # l = 1 centre (m = 0): sqrt(3) * c00
+    a: tuple[Tensor | None, ...]  # a[l]: [2l - 3, 1] for l >= 2
+    b: tuple[Tensor | None, ...]
+
+
+@functools.lru_cache(maxsize=None)
+def _recursion(L: int, device: torch.device) -> _Recursion:
+    # q_mm: normalised P_m^m / sin^m, sqrt((2m+1)/4pi) * prod_k sqrt((2k-1)/2k); the sqrt(2) makes the
+    # real m != 0 harmonics orthonormal.
+    qmm = [math.sqrt((2 * m + 1) / (4 * math.pi)) for m in range(L + 1)]
+    for m in range(1, L + 1):
+        qmm[m] = qmm[m - 1] * math.sqrt((2 * m - 1) / (2 * m)) * math.sqrt((2 * m + 1) / (2 * m - 1))
+    s2 = math.sqrt(2.0)
+    top0 = [s2 * qmm[l] for l in range(2, L + 1)]
+    top1 = [math.sqrt(2 * l + 1) * s2 * qmm[l - 1] for l in range(2, L + 1)]
+    a: list[Tensor | None] = [None, None]
+    b: list[Tensor | None] = [None, None]
+    for l in range(2, L + 1):
+        m = np.abs(np.arange(-(l - 2), l - 1)).astype(np.float64)
+        al = np.sqrt((4 * l * l - 1) / (l * l - m * m))
+        bl = al * np.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
+        a.append(torch.tensor(al, dtype=torch.float64, device=device).unsqueeze(-1))
+        b.append(torch.tensor(bl, dtype=torch.float64, device=device).unsqueeze(-1))
+
+    def col(v: list[float]) -> Tensor:
+        return torch.tensor(v, dtype=torch.float64, device=device).reshape(-1, 1)
+
+    return _Recursion(
+        c00=qmm[0],
+        top0=col(top0),
+        top1=col(top1),
+        top0_1=s2 * qmm[1] if L >= 1 else 0.0,
+        top1_1=math.sqrt(3.0) * qmm[0],
+        a=tuple(a),
+        b=tuple(b),
+    )
+
+
+def _solid_harmonics(L: int, xyz: Tensor) -> list[Tensor]:
+    """Real solid harmonics of degrees 0..L at points ``xyz`` [3, K] (float64) -> list of [2l+1, K].
+
+    Points sit on the last, contiguous axis, so each step is one long elementwise op over [*, K].
+    Homogeneous polynomials throughout: no angles, no division, no special cases.
+    """
+    rec = _recursion(L, xyz.device)
+    x, y, z = xyz.unbind(0)  # [K] each
+    out = [torch.full_like(x, rec.c00).unsqueeze(0)]
+    if L == 0:
+        return out
+    # (x + i y)^m, m = 1..L, as Re/Im: r^m sin^m(theta) (cos, sin)(m phi) without any angle.
+    powers = torch.cumprod(torch.complex(x, y).expand(L, -1), dim=0)  # [L, K], index m - 1
+    C, S = powers.real, powers.imag
+    out.append(torch.stack([rec.top0_1 * S[0], rec.top1_1 * z, rec.top0_1 * C[0]]))
+    if L == 1:
+        return out
+    r2 = x * x + y * y + z * z  # kept (not 1) so Y_l stays a homogeneous polynomial
+    # Edge rows of every degree at once, [L-1, K] each; row l-2 belongs to degree l.
+    lo_l, lo_l1 = rec.top0 * S[1:], rec.top1 * (z * S[: L - 1])
+    hi_l1, hi_l = rec.top1 * (z * C[: L - 1]), rec.top0 * C[1:]
+    for l in range(2, L + 1):
+        i = l - 2
+        mid = torch.addcmul(rec.a[l] * (z * out[l - 1][1:-1]), rec.b[l] * out[l - 2], r2, value=-1.0)
+        out.append(torch.cat([lo_l[i : i + 1], lo_l1[i : i + 1], mid, hi_l1[i : i + 1], hi_l[i : i + 1]]))
+    return out
+
+
+def _fibonacci_sphere(n: int) -> np.ndarray:
+    """``n`` nearly uniform unit vectors [n, 3] (golden-angle spiral), deterministic."""
+    k = np.arange(n, dtype=np.float64) + 0.5
+    z = 1.0 - 2.0 * k / n
+    phi = k * math.pi * (3.0 - math.sqrt(5.0))
+    s = np.sqrt(np.clip(1.0 - z * z, 0.0, None))
+    return np.stack([s * np.cos(phi), s * np.sin(phi), z], axis=-1)
+
+
+class _Sampling(NamedTuple):
+    points: Tensor  # [N, 3] float64
+    pinv_t: tuple[Tensor, ...]  # pinv_t[l]: [2l+1, N] float64, (Y_l(P)^+)ᵀ
+
+
+@functools.lru_cache(maxsize=None)
+def _sampling(L: int, device: torch.device) -> _Sampling:
+    """Points P and pseudo-inverses Y_l(P)^+ for all l <= L, float64, computed once per (L, device)."""
+    if device.type != "cpu":  # compute on the CPU once, then copy
+        cpu = _sampling(L, torch.device("cpu"))
+        return _Sampling(cpu.points.to(device), tuple(p.to(device) for p in cpu.pinv_t))
+    # Fewest spiral points (at least 2L+1, the dimension of Y_L) whose sampling matrices are all
+    # well conditioned: the cost per call grows with N, the rounding error with the condition number.
+    n = 2 * L + 1
+    while True:
+        points = torch.from_numpy(_fibonacci_sphere(n))
+        ys = _solid_harmonics(L, points.T.contiguous())
+        if max(float(np.linalg.cond(y.numpy())) for y in ys) < _MAX_COND:
+            break
+        n += 1 + n // 16
+    # pinv transposed ([2l+1, N]) is the left factor of the per-degree product in _wigner_D_float64.
+    return _Sampling(points.contiguous(), tuple(torch.linalg.pinv(y).T.contiguous() for y in ys))
+
+
+def _wigner_D_float64(L: int, R: Tensor, l_min: int) -> list[Tensor]:
+    """D^l for l_min <= l <= L (l >= 2) from R [M, 3, 3], float64, as [2l+1, 2l+1, M] (batch last).
+
+    Entry l - l_min of the list. The batch stays the innermost axis throughout: the recursion then runs
+    over long contiguous rows, and each degree is one batched product with a constant left factor.
+    """
+    device = _work_device(R.device)
+    samp = _sampling(L, device)
+    R64 = R.to(device=device, dtype=torch.float64)
+    M, N = R64.shape[0], samp.points.shape[0]
+    # rotated[i, p, b] = sum_j R[b, i, j] P[p, j]: one GEMM on R laid out as [j, (i, b)].
+    rotated = (samp.points @ R64.permute(2, 1, 0).reshape(3, 3 * M)).view(N, 3, M).transpose(0, 1)
+    ys = _solid_harmonics(L, rotated.reshape(3, N * M))  # [2l+1, N*M] each, points p-major
+    # D[a, c, b] = sum_p Y_l(R_b p)[a] pinv[p, c]
+    return [torch.matmul(samp.pinv_t[l], ys[l].view(2 * l + 1, N, M)) for l in range(l_min, L + 1)]
+
+
+def _wigner_D_low(l: int, R: Tensor) -> Tensor:
+    """D^0 = 1 and D^1 = P R Pᵀ, exact in any dtype (no arithmetic at all)."""
+    if l == 0:
+        return R.new_ones(R.shape[:-2] + (1, 1))
+    perm = torch.tensor(_PERM_L1, device=R.device)
+    return R.index_select(-2, perm).index_select(-1, perm)
+
+
+# ----------------------------------------------------------------------------------------------------
+# public API: Wigner-D
+
+
+def wigner_D(l: int, R: Tensor) -> Tensor:
+    """Real orthogonal Wigner-D matrix of degree ``l``: ``R [..., 3, 3] -> [..., 2l+1, 2l+1]``.
+
+    A homomorphism (``wigner_D(l, R1 @ R2) == wigner_D(l, R1) @ wigner_D(l, R2)``) in the real basis
+    m = -l..l of :func:`spherical_harmonics`; ``wigner_D(0, R) == 1`` and ``wigner_D(1, R) == P R Pᵀ``.
+    Polynomial in R's entries, computed in float64, returned in R's dtype and on R's device.
+    """
+    l = _check_degree(l)
+    _check_rotations(R)
+    if l <= 1:
+        return _wigner_D_low(l, R)
+    batch = R.shape[:-2]
+    (D,) = _wigner_D_float64(l, R.reshape(-1, 3, 3), l_min=l)
+    return D.permute(2, 0, 1).to(device=R.device, dtype=R.dtype).reshape(batch + (2 * l + 1, 2 * l + 1))
+
+
+def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
+    """Block-diagonal ``D^0 ⊕ D^1 ⊕ ... ⊕ D^L``: ``R [..., 3, 3] -> [..., (L+1)^2, (L+1)^2]``.
+
+    The unitary representation of SO(3)-RoPE (each degree once). All degrees come out of one pass of the
+    harmonic recursion; off-diagonal blocks are exactly zero.
+    """
+    L = _check_degree(L, "L")
+    _check_rotations(R)
+    batch = R.shape[:-2]
+    flat = R.reshape(-1, 3, 3)
+    d = (L + 1) ** 2
+    # Allocate in the caller's dtype: the output is mostly zeros, so never materialise it in float64.
+    out = torch.zeros((flat.shape[0], d, d), dtype=R.dtype, device=R.device)
+    out[:, 0, 0] = 1
+    if L >= 1:
+        out[:, 1:4, 1:4] = _wigner_D_low(1, flat)
+    if L >= 2:
+        for l, D in enumerate(_wigner_D_float64(L, flat, l_min=2), start=2):
+            out[:, l * l : (l + 1) ** 2, l * l : (l + 1) ** 2] = D.permute(2, 0, 1)  # casts to R.dtype
+    return out.reshape(batch + (d, d))
+
+
+def spherical_harmonics(l: int, x: Tensor) -> Tensor:
+    """Real spherical harmonics of degree ``l`` at the directions ``x [..., 3] -> [..., 2l+1]``.
+
+    The basis that :func:`wigner_D` acts on: ``spherical_harmonics(l, R @ x) == wigner_D(l, R) @
+    spherical_harmonics(l, x)``. ``x`` is normalised first (a zero vector gives NaN); orthonormal on S^2.
+    """
+    l = _check_degree(l)
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != 3 or not x.is_floating_point():
+        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"expected x as a floating-point tensor of shape [..., 3], got {got}")
+    device = _work_device(x.device)
+    pts = x.reshape(-1, 3).to(device=device, dtype=torch.float64)
+    pts = pts / pts.norm(dim=-1, keepdim=True)
+    y = _solid_harmonics(l, pts.T.contiguous())[l].T  # [K, 2l+1]
+    return y.to(device=x.device, dtype=x.dtype).reshape(x.shape[:-1] + (2 * l + 1,))
+
+
+# ----------------------------------------------------------------------------------------------------
+# public API: rotation utilities
+
+
+def _float_tensors(*xs: Tensor | float) -> list[Tensor]:
+    ts = [torch.as_tensor(x) for x in xs]
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in ts])
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    device = next((t.device for t in ts if isinstance(t, torch.Tensor) and t.dim() > 0), ts[0].device)
+    return list(torch.broadcast_tensors(*[t.to(device=device, dtype=dtype) for t in ts]))
+
+
+def euler_zyz_to_matrix(alpha: Tensor | float, beta: Tensor | float, gamma: Tensor | float) -> Tensor:
+    """``R = Rz(alpha) Ry(beta) Rz(gamma)``; angles broadcast to ``[...]`` -> ``[..., 3, 3]``."""
+    a, b, g = _float_tensors(alpha, beta, gamma)
+    ca, sa, cb, sb, cg, sg = a.cos(), a.sin(), b.cos(), b.sin(), g.cos(), g.sin()
+    rows = [
+        ca * cb * cg - sa * sg, -ca * cb * sg - sa * cg, ca * sb,
+        sa * cb * cg + ca * sg, -sa * cb * sg + ca * cg, sa * sb,
+        -sb * cg, sb * sg, cb,
+    ]  # fmt: skip
+    return torch.stack(rows, dim=-1).reshape(a.shape + (3, 3))
+
+
+def matrix_to_euler_zyz(R: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """ZYZ Euler angles of ``R [..., 3, 3]``: ``(alpha, beta, gamma)``, each ``[...]``.
+
+    ``alpha, gamma`` in [-pi, pi), ``beta`` in [0, pi]; at the poles (beta = 0 or pi, where only
+    alpha ± gamma is defined) ``gamma = 0`` and beta is exactly 0 or pi. Accurate everywhere: the sum
+    alpha + gamma comes from the upper-left block scaled by 1 + cos(beta) and the difference from the one
+    scaled by 1 - cos(beta), so neither is read off the tiny entries sin(beta) multiplies near a pole.
+    """
+    _check_rotations(R)
+    tol = 8 * torch.finfo(R.dtype).eps  # sin(beta) below this: a pole within the input's precision
+    r = R.to(torch.float64)
+
+    def e(i: int, j: int) -> Tensor:
+        return r[..., i, j]
+
+    sin_b = 0.5 * (torch.hypot(e(0, 2), e(1, 2)) + torch.hypot(e(2, 0), e(2, 1)))
+    beta = torch.atan2(sin_b, e(2, 2))
+    # R00 + R11 = (1 + cb) cos(a + g), R10 - R01 = (1 + cb) sin(a + g),
+    # R11 - R00 = (1 - cb) cos(a - g), -(R10 + R01) = (1 - cb) sin(a - g).
+    s = torch.atan2(e(1, 0) - e(0, 1), e(0, 0) + e(1, 1))
+    d = torch.atan2(-(e(1, 0) + e(0, 1)), e(1, 1) - e(0, 0))
+    alpha, gamma = (s + d) / 2, (s - d) / 2
+    # (s ± d) / 2 fixes alpha, gamma only up to adding pi to both (which would flip the sign of beta);
+    # pick the pair for which the third row/column give sin(beta) >= 0.
+    flip = alpha.cos() * e(0, 2) + alpha.sin() * e(1, 2) - gamma.cos() * e(2, 0) + gamma.sin() * e(2, 1) < 0
+    alpha = torch.where(flip, alpha + math.pi, alpha)
+    gamma = torch.where(flip, gamma + math.pi, gamma)
+    north, south = (sin_b <= tol) & (e(2, 2) > 0), (sin_b <= tol) & (e(2, 2) < 0)
+    alpha = torch.where(north, s, torch.where(south, d, alpha))
+    gamma = torch.where(north | south, torch.zeros_like(gamma), gamma)
+    beta = torch.where(north, torch.zeros_like(beta), torch.where(south, torch.full_like(beta, math.pi), beta))
+
+    def wrap(t: Tensor) -> Tensor:
+        return torch.remainder(t + math.pi, 2 * math.pi) - math.pi
+
+    return wrap(alpha).to(R.dtype), beta.to(R.dtype), wrap(gamma).to(R.dtype)
+
+
+def _quaternion_to_matrix(q: Tensor) -> Tensor:
+    """Unit quaternions ``(w, x, y, z) [..., 4] -> [..., 3, 3]``."""
+    w, x, y, z = q.unbind(-1)
+    rows = [
+        1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
+        2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
+        2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y),
+    ]  # fmt: skip
+    return torch.stack(rows, dim=-1).reshape(q.shape[:-1] + (3, 3))
+
+
+def random_rotations(
+    n: int,
+    *,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """``n`` Haar-uniform rotations ``[n, 3, 3]`` (normalised Gaussian quaternions are uniform on S^3)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"expected n to be a non-negative int, got {n!r}")
+    q = torch.randn((int(n), 4), generator=generator, dtype=dtype, device=device)
+    return _quaternion_to_matrix(q / q.norm(dim=-1, keepdim=True))
+
+
+def rotation_angle(R: Tensor) -> Tensor:
+    """Rotation angle in [0, pi] of ``R [..., 3, 3] -> [...]``.
+
+    ``atan2(sin, cos)`` with sin from the antisymmetric part and cos = (trace - 1) / 2: accurate near 0
+    and near pi, where ``acos`` of the trace alone loses half the digits.
+    """
+    _check_rotations(R)
+    r = R.to(torch.float64)
+    axis = torch.stack(
+        [r[..., 2, 1] - r[..., 1, 2], r[..., 0, 2] - r[..., 2, 0], r[..., 1, 0] - r[..., 0, 1]], dim=-1
+    )
+    cos = (r.diagonal(dim1=-2, dim2=-1).sum(-1) - 1) / 2
+    return torch.atan2(axis.norm(dim=-1) / 2, cos).to(R.dtype)
+
+
+def axis_angle_to_matrix(axis: Tensor, angle: Tensor | float) -> Tensor:
+    """Rodrigues: rotation by ``angle [...]`` about ``axis [..., 3]`` (normalised here) -> ``[..., 3, 3]``."""
+    if not isinstance(axis, torch.Tensor) or axis.dim() < 1 or axis.shape[-1] != 3:
+        got = list(axis.shape) if isinstance(axis, torch.Tensor) else type(axis).__name__
+        raise ValueError(f"expected axis of shape [..., 3], got {got}")
+    axis, angle = axis.movedim(-1, 0), torch.as_tensor(angle)
+    x, y, z, angle = _float_tensors(axis[0], axis[1], axis[2], angle)
+    norm = torch.sqrt(x * x + y * y + z * z)
+    if bool((norm == 0).any()):
+        raise ValueError("expected a nonzero rotation axis, got a zero vector")
+    x, y, z = x / norm, y / norm, z / norm
+    c, s = angle.cos(), angle.sin()
+    t = 1 - c
+    rows = [
+        c + t * x * x, t * x * y - s * z, t * x * z + s * y,
+        t * x * y + s * z, c + t * y * y, t * y * z - s * x,
+        t * x * z - s * y, t * y * z + s * x, c + t * z * z,
+    ]  # fmt: skip
+    return torch.stack(rows, dim=-1).reshape(x.shape + (3, 3))

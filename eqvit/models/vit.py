@@ -1,0 +1,104 @@
+"""The common ViT: tokenizer -> positional scheme -> blocks -> norm -> head.
+
+Every model family builds this class with its own tokenizer, positional scheme and head; the
+family modules only register configurations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from eqvit.groups import FiniteGroup
+from eqvit.nn.layers import Block
+from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
+
+
+class EquivariantViT(nn.Module):
+    """A timm-style ViT whose parts decide which group it is equivariant to.
+
+    Args:
+        tokenizer: ``x -> tokens [B, N, embed_dim]``.
+        head: ``tokens [B, N, embed_dim] -> output``.
+        embed_dim, depth, num_heads, mlp_ratio, qkv_bias, qk_norm: the usual ViT sizes.
+        posenc: positional scheme; rotary schemes go into attention, others add to tokens.
+        input_encoding: applied to the raw input before tokenization (e.g. latitude encoding).
+        residual: predict ``x + model(x)`` (needs in_chans == out_chans and a dense head).
+        group: the group the model is exactly equivariant to (for ``assert_equivariant``).
+        domain: the input domain (``.points``, ``.shape``, ``.act``, ``.check``).
+        in_chans, out_chans: channel counts, checked on input.
+        output_action: ``"same"`` (dense outputs on the input domain) or ``"invariant"``.
+        config: the keyword arguments the model was built with (saved in checkpoints).
+    """
+
+    def __init__(
+        self,
+        *,
+        tokenizer: nn.Module,
+        head: nn.Module,
+        embed_dim: int,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        posenc: PositionalScheme | None = None,
+        input_encoding: nn.Module | None = None,
+        residual: bool = False,
+        group: FiniteGroup | None = None,
+        domain: Any = None,
+        in_chans: int = 3,
+        out_chans: int = 3,
+        output_action: str = "same",
+        fused_attn: bool = True,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if residual and in_chans != out_chans:
+            raise ValueError(f"residual prediction needs in_chans == out_chans, got {in_chans} and {out_chans}")
+        self.in_chans, self.out_chans = in_chans, out_chans
+        self.embed_dim = self.num_features = embed_dim
+        self.group = group
+        self.domain = domain
+        self.output_action = output_action
+        self.residual = residual
+        self.config = dict(config or {})
+        self.input_encoding = input_encoding if input_encoding is not None else nn.Identity()
+        self.tokenizer = tokenizer
+        self.posenc = posenc if posenc is not None else NoPositionalEncoding()
+        # Rotary schemes are handed to attention; decided once here, not in forward.
+        self.rope = self.posenc if self.posenc.is_rotary else None
+        self.pos_drop = nn.Dropout(drop_rate)
+        rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.ModuleList(
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, drop_rate, attn_drop_rate, rate, fused_attn)
+            for rate in rates
+        )
+        self.norm = nn.LayerNorm(embed_dim)
+        self.head = head
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {name for name, _ in self.named_parameters() if "pos_embed" in name}
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Input -> normalised tokens ``[B, N, embed_dim]``."""
+        tokens = self.tokenizer(self.input_encoding(x))
+        tokens = self.pos_drop(self.posenc.add_to_tokens(tokens))
+        for block in self.blocks:
+            tokens = block(tokens, self.rope)
+        return self.norm(tokens)
+
+    def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(tokens)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.domain is not None:
+            self.domain.check(x, self.in_chans)
+        out = self.forward_head(self.forward_features(x))
+        return out + x if self.residual else out

@@ -1,0 +1,70 @@
+"""Multi-head self-attention on ``F.scaled_dot_product_attention`` with pluggable rotary schemes."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eqvit.nn.posenc.base import PositionalScheme
+
+
+class Attention(nn.Module):
+    """timm-style attention: qkv projection, optional qk-norm, SDPA, output projection.
+
+    Positional schemes that act on queries and keys (RoPE-like) are passed to ``forward`` and
+    applied after the optional qk-norm, skipping the first ``num_prefix_tokens`` tokens. No
+    dense mask is ever built, so SDPA's flash / memory-efficient kernels apply on GPU.
+
+    Args:
+        dim: token width C.
+        num_heads: number of heads H (C must be divisible by H).
+        qkv_bias: bias in the qkv projection.
+        qk_norm: LayerNorm on q and k per head.
+        attn_drop, proj_drop: dropout rates.
+        fused: use SDPA (True) or the explicit reference softmax(q k^T / sqrt(d)) v (False).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"dim {dim} must be divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.fused = fused
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(
+        self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
+    ) -> torch.Tensor:
+        """``x [B, N, C]`` -> ``[B, N, C]``."""
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # [B, H, N, D]
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope.rotate_qk(q, k, num_prefix_tokens)
+        dropout = self.attn_drop if self.training else 0.0
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = F.dropout(attn.softmax(dim=-1), dropout, self.training)
+            out = attn @ v
+        out = out.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(out))

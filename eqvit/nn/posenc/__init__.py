@@ -1,0 +1,16 @@
+"""Positional schemes behind one interface (:class:`PositionalScheme`)."""
+
+from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
+from eqvit.nn.posenc.latitude import LatitudeEncoding, legendre_polynomials
+from eqvit.nn.posenc.learned import LearnedAPE
+from eqvit.nn.posenc.so3rope import SO3RoPE, max_order_for
+
+__all__ = [
+    "LatitudeEncoding",
+    "LearnedAPE",
+    "NoPositionalEncoding",
+    "PositionalScheme",
+    "SO3RoPE",
+    "legendre_polynomials",
+    "max_order_for",
+]

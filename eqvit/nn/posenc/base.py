@@ -1,0 +1,31 @@
+"""One interface for positional schemes.
+
+A scheme either adds to the token sequence (absolute encodings: ``add_to_tokens``) or rotates
+queries and keys inside attention (RoPE-like: ``rotate_qk``). ``is_rotary`` says which, so the
+ViT decides once, at construction, where the scheme goes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PositionalScheme(nn.Module):
+    """Base class; the defaults leave tokens, queries and keys unchanged."""
+
+    is_rotary: bool = False
+
+    def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, N, C]`` -> ``[B, N, C]`` (prefix tokens excluded by the caller)."""
+        return x
+
+    def rotate_qk(
+        self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q, k [B, H, N, D]`` -> embedded ``q, k`` of the same shape."""
+        return q, k
+
+
+class NoPositionalEncoding(PositionalScheme):
+    """No positional information: attention is permutation equivariant."""

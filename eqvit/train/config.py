@@ -1,0 +1,150 @@
+"""Experiment configs: YAML validated against dataclasses.
+
+An unknown key is an error naming the key, where it was found and the closest valid key; a
+wrong type names the field. ``load_config(path)`` returns an :class:`ExperimentConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user error in a config file (reported without a traceback by the CLI)."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "so3vit_tiny"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    name: str = "shallow_water"
+    batch_size: int = 4
+    num_val: int = 16
+    val_batch_size: int = 8
+    seed: int = 0
+    nlat: int = 64
+    nlon: int = 128
+    dt_hours: float = 1.0
+    mach: float = 0.2
+    buffer_size: int = 16
+    steps_per_trajectory: int = 24
+    cache_dir: str | None = None
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "cosine"  # cosine | plateau | constant
+    warmup_steps: int = 0
+    min_lr: float = 1e-5
+    patience: int = 2
+    factor: float = 0.5
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 100
+    max_minutes: float | None = None
+    eval_every: int = 50
+    log_every: int = 10
+    seed: int = 0
+    out: str = "runs/default"
+    device: str = "cpu"
+    threads: int | None = None
+
+
+@dataclass
+class ExperimentConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_type(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check_type(value, option, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if annotation in (str, bool):
+        if not isinstance(value, annotation):
+            raise ConfigError(f"{where}: expected {annotation.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
+    """Build dataclass ``cls`` from ``data``, recursively, validating keys and types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown key {key!r}{hint} (valid keys: {', '.join(names)})")
+        annotation = hints[key]
+        if dataclasses.is_dataclass(annotation):
+            kwargs[key] = from_dict(annotation, value, f"{where}.{key}")
+        else:
+            kwargs[key] = _check_type(value, annotation, f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate a YAML experiment config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return from_dict(ExperimentConfig, data, where=str(path))
