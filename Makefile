@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 run: $(STAMP)
-	$(PY) -m eqvit groups
+	$(PY) -m eqvit train configs/so3vit_swe_demo.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,4 +1,8 @@
-"""Command line interface: ``eqvit`` / ``python -m eqvit``."""
+"""Command line interface: ``eqvit`` / ``python -m eqvit``.
+
+Every user error (bad config, unknown model, corrupt checkpoint) ends with a one-paragraph
+message and exit code 2, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -19,20 +23,85 @@ def _cmd_groups(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_list(args: argparse.Namespace) -> int:
+    import eqvit
+
+    for name in eqvit.list_models(args.pattern):
+        print(name)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from eqvit.train.config import load_config
+    from eqvit.train.engine import train
+
+    config = load_config(args.config)
+    summary = train(config, out_dir=args.out, max_steps=args.max_steps, max_minutes=args.max_minutes)
+    return 0 if summary["steps"] > 0 else 1
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from eqvit.train.config import load_config
+    from eqvit.train.engine import evaluate_checkpoint
+
+    evaluate_checkpoint(load_config(args.config), args.checkpoint)
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    import eqvit
+    from eqvit.testing import EquivarianceError, assert_equivariant
+
+    model = eqvit.create_model(args.model)
+    try:
+        print(assert_equivariant(model))
+    except EquivarianceError as err:
+        print(err)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eqvit", description="Group-equivariant Vision Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
+
     p = sub.add_parser("groups", help="table of the finite groups and their irreps")
     p.add_argument("names", nargs="*", help="group names (default: C1..C6, D1..D6, T, O, I)")
     p.set_defaults(func=_cmd_groups)
+
+    p = sub.add_parser("list", help="registered models")
+    p.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'so3vit*'")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("train", help="train from a YAML config")
+    p.add_argument("config", help="YAML experiment config, e.g. configs/so3vit_swe_demo.yaml")
+    p.add_argument("--out", help="output folder (default: train.out of the config)")
+    p.add_argument("--max-steps", type=int, help="stop after N steps")
+    p.add_argument("--max-minutes", type=float, help="stop after M minutes of training")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="score a checkpoint on the validation set")
+    p.add_argument("config")
+    p.add_argument("--checkpoint", required=True, help="path to last.safetensors")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("check", help="run assert_equivariant on a registered model")
+    p.add_argument("model")
+    p.set_defaults(func=_cmd_check)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eqvit.train.checkpoint import CheckpointError
+    from eqvit.train.config import ConfigError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ConfigError, CheckpointError, ValueError, FileNotFoundError, FloatingPointError) as err:
         print(f"eqvit: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("eqvit: interrupted", file=sys.stderr)
+        return 130

@@ -251,13 +251,17 @@ def test_icosphere_face_action_convention(level):
 
 
 def test_face_action_shift_of_a_face_rotation():
-    """The 3-fold turn about face 0's centre keeps face 0 and moves corner k to corner k + 1."""
-    s = icosphere(1)
-    corners = s.vertices[s.faces[0]]
+    """The 3-fold turn about level-0 face 0 (v0 -> v1 -> v2) on its four level-1 children.
+
+    Corner-k child (4k) -> corner-(k+1) child with shift 1 (v0 at corner 0 of child 0 lands on
+    v1 at corner 1 of child 1); the centre child (m01, m12, m20) -> itself, shifted by 1.
+    """
+    corners = icosphere(0).vertices[icosphere(0).faces[0]]
     turn = _axis_angle(corners.sum(0), 2 * np.pi / 3)
     np.testing.assert_allclose(corners @ turn.T, corners[[1, 2, 0]], atol=1e-12)
-    perm, shift = s.face_action(turn)
-    assert perm[0] == 0 and shift[0] == 1
+    perm, shift = icosphere(1).face_action(turn)
+    assert perm[:4].tolist() == [1, 2, 0, 3]
+    assert shift[:4].tolist() == [1, 1, 1, 1]
 
 
 # ----------------------------------------------------------------------------- permutation composition
@@ -331,7 +335,7 @@ def test_point_permutation_reports_max_deviation():
     "points, matrix, message",
     [
         (np.array([[0.0, 0.0], [0.0, 0.0]]), np.eye(2), "duplicate"),
-        (np.zeros((3, 2)), np.eye(3), r"\[2, 2\] matrix"),
+        (np.eye(2), np.eye(3), r"\[2, 2\] matrix"),
         (np.zeros(3), np.eye(3), r"\[P, d\]"),
         (np.array([[1.0, 0.0], [-1.0, 0.0]]), np.zeros((2, 2)), "max deviation"),
         (np.array([[np.nan, 0.0]]), np.eye(2), "NaN"),

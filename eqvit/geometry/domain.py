@@ -20,10 +20,19 @@ class PointDomain:
         points: ``[P, d]`` float64 point coordinates.
         shape: trailing tensor shape indexing the points (``prod(shape) == P``).
         name: description used in error messages, e.g. ``"icosphere level 5"``.
+        weights: optional quadrature weights, ``prod(shape)`` values in point order.
     """
 
-    def __init__(self, points: np.ndarray, shape: tuple[int, ...] | None = None, name: str = "domain") -> None:
+    def __init__(
+        self,
+        points: np.ndarray,
+        shape: tuple[int, ...] | None = None,
+        name: str = "domain",
+        weights: np.ndarray | None = None,
+    ) -> None:
         self.points = np.asarray(points, dtype=np.float64)
+        # Quadrature weights (e.g. icosphere vertex areas), reshaped like the fields; optional.
+        self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
         self.shape = tuple(shape) if shape is not None else (len(self.points),)
         if int(np.prod(self.shape)) != len(self.points):
             raise ValueError(f"shape {self.shape} does not hold {len(self.points)} points")

@@ -167,7 +167,7 @@ def _fibonacci_sphere(n: int) -> np.ndarray:
 
 class _Sampling(NamedTuple):
     points: Tensor  # [N, 3] float64
-    pinv_t: tuple[Tensor, ...]  # pinv_t[l]: [2l+1, N] float64, (Y_l(P)^+)ᵀ
+    pinv: tuple[Tensor, ...]  # pinv[l]: [N, 2l+1] float64, Y_l(P)^+
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,7 +175,7 @@ def _sampling(L: int, device: torch.device) -> _Sampling:
     """Points P and pseudo-inverses Y_l(P)^+ for all l <= L, float64, computed once per (L, device)."""
     if device.type != "cpu":  # compute on the CPU once, then copy
         cpu = _sampling(L, torch.device("cpu"))
-        return _Sampling(cpu.points.to(device), tuple(p.to(device) for p in cpu.pinv_t))
+        return _Sampling(cpu.points.to(device), tuple(p.to(device) for p in cpu.pinv))
     # Fewest spiral points (at least 2L+1, the dimension of Y_L) whose sampling matrices are all
     # well conditioned: the cost per call grows with N, the rounding error with the condition number.
     n = 2 * L + 1
@@ -185,25 +185,23 @@ def _sampling(L: int, device: torch.device) -> _Sampling:
         if max(float(np.linalg.cond(y.numpy())) for y in ys) < _MAX_COND:
             break
         n += 1 + n // 16
-    # pinv transposed ([2l+1, N]) is the left factor of the per-degree product in _wigner_D_float64.
-    return _Sampling(points.contiguous(), tuple(torch.linalg.pinv(y).T.contiguous() for y in ys))
+    return _Sampling(points.contiguous(), tuple(torch.linalg.pinv(y) for y in ys))
 
 
 def _wigner_D_float64(L: int, R: Tensor, l_min: int) -> list[Tensor]:
-    """D^l for l_min <= l <= L (l >= 2) from R [M, 3, 3], float64, as [2l+1, 2l+1, M] (batch last).
+    """D^l for l_min <= l <= L (l >= 2) from R [M, 3, 3], float64, as [2l+1, M, 2l+1] (row, batch, col).
 
-    Entry l - l_min of the list. The batch stays the innermost axis throughout: the recursion then runs
-    over long contiguous rows, and each degree is one batched product with a constant left factor.
+    Entry l - l_min of the list. The harmonics are laid out as [2l+1, M * N] (pose-major, point-minor):
+    the recursion then runs over long contiguous rows, and each degree is a single GEMM
+    [(2l+1) M, N] @ [N, 2l+1] whose result only needs a row/batch swap to become [M, 2l+1, 2l+1].
     """
     device = _work_device(R.device)
     samp = _sampling(L, device)
     R64 = R.to(device=device, dtype=torch.float64)
     M, N = R64.shape[0], samp.points.shape[0]
-    # rotated[i, p, b] = sum_j R[b, i, j] P[p, j]: one GEMM on R laid out as [j, (i, b)].
-    rotated = (samp.points @ R64.permute(2, 1, 0).reshape(3, 3 * M)).view(N, 3, M).transpose(0, 1)
-    ys = _solid_harmonics(L, rotated.reshape(3, N * M))  # [2l+1, N*M] each, points p-major
-    # D[a, c, b] = sum_p Y_l(R_b p)[a] pinv[p, c]
-    return [torch.matmul(samp.pinv_t[l], ys[l].view(2 * l + 1, N, M)) for l in range(l_min, L + 1)]
+    rotated = (R64.reshape(M * 3, 3) @ samp.points.T).view(M, 3, N)  # R_b p_j, one GEMM
+    ys = _solid_harmonics(L, rotated.transpose(0, 1).reshape(3, M * N))  # [2l+1, M*N] each
+    return [(ys[l].view(-1, N) @ samp.pinv[l]).view(2 * l + 1, M, 2 * l + 1) for l in range(l_min, L + 1)]
 
 
 def _wigner_D_low(l: int, R: Tensor) -> Tensor:
@@ -231,7 +229,9 @@ def wigner_D(l: int, R: Tensor) -> Tensor:
         return _wigner_D_low(l, R)
     batch = R.shape[:-2]
     (D,) = _wigner_D_float64(l, R.reshape(-1, 3, 3), l_min=l)
-    return D.permute(2, 0, 1).to(device=R.device, dtype=R.dtype).reshape(batch + (2 * l + 1, 2 * l + 1))
+    out = torch.empty((D.shape[1], 2 * l + 1, 2 * l + 1), dtype=R.dtype, device=R.device)
+    out.copy_(D.transpose(0, 1))  # one pass: batch to the front and cast to the caller's dtype
+    return out.reshape(batch + (2 * l + 1, 2 * l + 1))
 
 
 def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
@@ -252,7 +252,7 @@ def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
         out[:, 1:4, 1:4] = _wigner_D_low(1, flat)
     if L >= 2:
         for l, D in enumerate(_wigner_D_float64(L, flat, l_min=2), start=2):
-            out[:, l * l : (l + 1) ** 2, l * l : (l + 1) ** 2] = D.permute(2, 0, 1)  # casts to R.dtype
+            out[:, l * l : (l + 1) ** 2, l * l : (l + 1) ** 2] = D.transpose(0, 1)  # casts to R.dtype
     return out.reshape(batch + (d, d))
 
 

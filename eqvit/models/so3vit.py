@@ -29,7 +29,8 @@ def rotations_about_z(group: FiniteGroup) -> FiniteGroup:
 
 
 def icosphere_domain(level: int) -> PointDomain:
-    return PointDomain(icosphere(level).vertices, name=f"icosphere level {level}")
+    sphere = icosphere(level)
+    return PointDomain(sphere.vertices, name=f"icosphere level {level}", weights=sphere.vertex_areas)
 
 
 def build_so3vit(

@@ -16,6 +16,14 @@ from eqvit.nn.layers import Block
 from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 
 
+def _init_weights(module: nn.Module) -> None:
+    """timm's ViT init: truncated normal (std 0.02) linear weights, zero biases."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
 class EquivariantViT(nn.Module):
     """A timm-style ViT whose parts decide which group it is equivariant to.
 
@@ -81,6 +89,11 @@ class EquivariantViT(nn.Module):
         )
         self.norm = nn.LayerNorm(embed_dim)
         self.head = head
+        self.apply(_init_weights)
+        # A zero head starts a residual model exactly at persistence (and any model at zero).
+        for module in self.head.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.zeros_(module.weight)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
