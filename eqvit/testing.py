@@ -176,6 +176,12 @@ def assert_equivariant(
     rows = []
     with torch.no_grad():
         y = model(x)
+        if not torch.isfinite(y).all() or y.abs().max().item() == 0.0:
+            # A zero (or non-finite) output passes any comparison: refuse the vacuous check.
+            raise ValueError(
+                "model output is identically zero or not finite on the test input; the equivariance "
+                "check would be vacuous (re-initialise the weights, e.g. a zero-initialised head)"
+            )
         for k, g in enumerate(matrices):
             expected = output_action(g, y)
             got = model(input_action(g, x))

@@ -18,3 +18,12 @@ def _deterministic():
 @pytest.fixture(params=ALL_GROUPS)
 def group(request):
     return get_group(request.param)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _single_thread():
+    """One intra-op thread: tiny models on 2 shared cores run ~10x faster without thread contention."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

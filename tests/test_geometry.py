@@ -99,13 +99,20 @@ def test_icosphere_counts(level):
 def test_icosphere_base_orientation():
     """Level 0 is the icosahedron with the vertex order written in the spec (and eqvit.groups)."""
     k = np.arange(5)
-    upper = np.stack([2 / SQRT5 * np.cos(2 * np.pi * k / 5), 2 / SQRT5 * np.sin(2 * np.pi * k / 5), np.full(5, 1 / SQRT5)], 1)
+    upper = np.stack(
+        [2 / SQRT5 * np.cos(2 * np.pi * k / 5), 2 / SQRT5 * np.sin(2 * np.pi * k / 5), np.full(5, 1 / SQRT5)],
+        1,
+    )
     lower = np.stack(
-        [2 / SQRT5 * np.cos(2 * np.pi * (k + 0.5) / 5), 2 / SQRT5 * np.sin(2 * np.pi * (k + 0.5) / 5), np.full(5, -1 / SQRT5)],
+        [
+            2 / SQRT5 * np.cos(2 * np.pi * (k + 0.5) / 5),
+            2 / SQRT5 * np.sin(2 * np.pi * (k + 0.5) / 5),
+            np.full(5, -1 / SQRT5),
+        ],
         1,
     )
     expected = np.concatenate([[[0, 0, 1]], upper, lower, [[0, 0, -1]]])
-    np.testing.assert_allclose(icosphere(0).vertices, expected, atol=1e-15)
+    np.testing.assert_allclose(icosphere(0).vertices, expected, atol=1e-15, rtol=0)
     # Icosahedron: every vertex has 5 neighbours at the edge length 4 / sqrt(10 + 2 sqrt5).
     dist = np.linalg.norm(expected[:, None] - expected[None], axis=-1)
     edge = 4 / np.sqrt(10 + 2 * SQRT5)
@@ -115,7 +122,7 @@ def test_icosphere_base_orientation():
 @pytest.mark.parametrize("level", LEVELS)
 def test_icosphere_mesh(level):
     s = icosphere(level)
-    np.testing.assert_allclose(np.linalg.norm(s.vertices, axis=1), 1.0, atol=1e-15)
+    np.testing.assert_allclose(np.linalg.norm(s.vertices, axis=1), 1.0, atol=1e-15, rtol=0)
     corners = s.vertices[s.faces]
     assert np.linalg.det(corners).min() > 0, "faces must be outward counter-clockwise"
     # Closed, consistently oriented 2-manifold: every directed edge appears once, its reverse once.
@@ -124,7 +131,7 @@ def test_icosphere_mesh(level):
     assert len(directed) == len(a)
     assert all((j, i) in directed for i, j in directed)
     assert s.num_vertices - len(a) // 2 + s.num_faces == 2  # Euler characteristic
-    np.testing.assert_allclose(np.linalg.norm(s.face_centroids, axis=1), 1.0, atol=1e-15)
+    np.testing.assert_allclose(np.linalg.norm(s.face_centroids, axis=1), 1.0, atol=1e-15, rtol=0)
     # Each centroid lies inside its own face: on the positive side of all three edge planes.
     for k in range(3):
         normal = np.cross(corners[:, k], corners[:, (k + 1) % 3])
@@ -166,12 +173,17 @@ def test_icosphere_hierarchical_order(level):
         ],
         1,
     ).reshape(-1, 3, 3)
-    np.testing.assert_allclose(child.vertices[child.faces], expected, atol=1e-15)
+    np.testing.assert_allclose(child.vertices[child.faces], expected, atol=1e-15, rtol=0)
     # Corner c of the corner-c child is the parent's corner c, by index.
     kids = child.faces.reshape(-1, 4, 3)
     for c in range(3):
         assert np.array_equal(kids[:, c, c], parent.faces[:, c])
     assert np.all(kids[:, 3] >= parent.num_vertices), "the centre child has only midpoints"
+    # Midpoints are numbered in order of first appearance, walking faces and their edges
+    # (v0 v1), (v1 v2), (v2 v0): m01, m12, m20 of each face in turn.
+    walk = np.stack([kids[:, 3, 0], kids[:, 3, 1], kids[:, 3, 2]], 1).reshape(-1)
+    _, first = np.unique(walk, return_index=True)
+    assert np.array_equal(walk[np.sort(first)], np.arange(parent.num_vertices, child.num_vertices))
 
 
 def test_icosphere_nested_face_ranges():
@@ -184,7 +196,12 @@ def test_icosphere_nested_face_ranges():
         normal = np.cross(corners[owner, k], corners[owner, (k + 1) % 3])
         inside &= np.einsum("fi,fi->f", normal, fine.face_centroids) > 0
     assert inside.all()
-    assert np.allclose(np.add.reduceat(fine.face_areas, np.arange(0, fine.num_faces, 4**n)), coarse.face_areas, rtol=1e-12)
+    assert np.allclose(
+        np.add.reduceat(fine.face_areas, np.arange(0, fine.num_faces, 4**n)),
+        coarse.face_areas,
+        rtol=1e-12,
+        atol=0,
+    )
 
 
 def test_icosphere_cached_and_readonly():
@@ -204,13 +221,15 @@ def test_icosphere_bad_level(level):
 def test_icosahedral_group():
     G = ICOSAHEDRAL
     assert G.shape == (60, 3, 3)
-    np.testing.assert_allclose(G @ G.transpose(0, 2, 1), np.broadcast_to(np.eye(3), G.shape), atol=1e-12)
-    np.testing.assert_allclose(np.linalg.det(G), 1.0, atol=1e-12)
+    np.testing.assert_allclose(
+        G @ G.transpose(0, 2, 1), np.broadcast_to(np.eye(3), G.shape), atol=1e-12, rtol=0
+    )
+    np.testing.assert_allclose(np.linalg.det(G), 1.0, atol=1e-12, rtol=0)
     assert len({tuple(np.round(g, 8).ravel()) for g in G}) == 60
     about_z = [g for g in G if np.allclose(g @ [0, 0, 1], [0, 0, 1], atol=1e-12)]
     assert len(about_z) == 5
     angles = sorted(np.mod(np.arctan2(g[1, 0], g[0, 0]), 2 * np.pi) for g in about_z)
-    np.testing.assert_allclose(angles, 2 * np.pi * np.arange(5) / 5, atol=1e-12)
+    np.testing.assert_allclose(angles, 2 * np.pi * np.arange(5) / 5, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -258,7 +277,7 @@ def test_face_action_shift_of_a_face_rotation():
     """
     corners = icosphere(0).vertices[icosphere(0).faces[0]]
     turn = _axis_angle(corners.sum(0), 2 * np.pi / 3)
-    np.testing.assert_allclose(corners @ turn.T, corners[[1, 2, 0]], atol=1e-12)
+    np.testing.assert_allclose(corners @ turn.T, corners[[1, 2, 0]], atol=1e-12, rtol=0)
     perm, shift = icosphere(1).face_action(turn)
     assert perm[:4].tolist() == [1, 2, 0, 3]
     assert shift[:4].tolist() == [1, 1, 1, 1]
@@ -324,11 +343,17 @@ def test_point_permutation_reports_max_deviation():
         point_permutation(square_grid(3, 4), _rotation_2d(np.pi / 2))
     with pytest.raises(ValueError, match="max deviation"):
         point_permutation(hexagon_points(5), _rotation_2d(np.pi / 2))
-    # A deviation just above atol is rejected, just below accepted.
-    shifted = _rotation_2d(1e-8)
-    with pytest.raises(ValueError):
-        point_permutation(hexagon_points(3), shifted, atol=1e-9)
-    assert np.array_equal(point_permutation(hexagon_points(3), shifted, atol=1e-6), np.arange(19))
+    # A deviation of 2e-9 is rejected with atol = 1e-9, and 0.5e-9 accepted.
+    pts = np.array([[1.0, 0.0], [-1.0, 0.0]])
+    with pytest.raises(ValueError, match=r"max deviation 2\.0"):
+        point_permutation(pts, (1 + 2e-9) * np.eye(2), atol=1e-9)
+    assert np.array_equal(point_permutation(pts, (1 + 0.5e-9) * np.eye(2), atol=1e-9), [0, 1])
+    assert np.array_equal(point_permutation(hexagon_points(3), _rotation_2d(1e-8), atol=1e-6), np.arange(19))
+    # The same across the search direction, where only the distance test can reject.
+    u = PointIndex(pts).direction
+    shear = np.eye(2) + 2e-9 * np.outer([-u[1], u[0]], [1.0, 0.0])
+    with pytest.raises(ValueError, match=r"max deviation 2\.0"):
+        point_permutation(pts, shear, atol=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -339,6 +364,7 @@ def test_point_permutation_reports_max_deviation():
         (np.zeros(3), np.eye(3), r"\[P, d\]"),
         (np.array([[1.0, 0.0], [-1.0, 0.0]]), np.zeros((2, 2)), "max deviation"),
         (np.array([[np.nan, 0.0]]), np.eye(2), "NaN"),
+        (np.array([[0.0, 0.0], [1.0, 0.0]]), np.zeros((2, 2)), "several points onto one"),
     ],
 )
 def test_point_permutation_bad_input(points, matrix, message):
@@ -368,11 +394,15 @@ def test_hexagon_point_counts(n, count):
 def test_hexagon_points_geometry(n):
     pts = hexagon_points(n)
     coords = hexagon_lattice_coords(n)
-    np.testing.assert_allclose(pts, coords[:, :1] * [1, 0] + coords[:, 1:] * [0.5, np.sqrt(3) / 2], atol=1e-15)
+    np.testing.assert_allclose(
+        pts, coords[:, :1] * [1, 0] + coords[:, 1:] * [0.5, np.sqrt(3) / 2], atol=1e-15, rtol=0
+    )
     assert len(np.unique(coords, axis=0)) == len(coords)
     # Inside the regular hexagon with corners (n - 1) R(k pi / 3) (1, 0): the inradius is
     # (n - 1) sqrt3 / 2 along the six edge normals at 30 + 60 k degrees.
-    normals = np.stack([np.cos(np.pi / 6 + np.pi / 3 * np.arange(6)), np.sin(np.pi / 6 + np.pi / 3 * np.arange(6))], 1)
+    normals = np.stack(
+        [np.cos(np.pi / 6 + np.pi / 3 * np.arange(6)), np.sin(np.pi / 6 + np.pi / 3 * np.arange(6))], 1
+    )
     assert (pts @ normals.T).max() <= (n - 1) * np.sqrt(3) / 2 + 1e-12
     corners = (n - 1) * np.stack([np.cos(np.pi / 3 * np.arange(6)), np.sin(np.pi / 3 * np.arange(6))], 1)
     assert all(np.abs(pts - c).sum(1).min() < 1e-12 for c in corners)
@@ -405,15 +435,20 @@ def test_hex_patch_grid_seed_numbers():
 @pytest.mark.parametrize("n1, n2", [(2, 3), (5, 9), (9, 9), (4, 6)])
 def test_hex_patch_grid_structure(n1, n2):
     grid = HexPatchGrid(n1, n2)
-    np.testing.assert_allclose(grid.pixel_offsets, hexagon_points(n2), atol=0)
+    np.testing.assert_allclose(grid.pixel_offsets, hexagon_points(n2), atol=0, rtol=0)
     np.testing.assert_allclose(
-        grid.points[grid.patch_index], grid.patch_centers[:, None] + grid.pixel_offsets[None], atol=1e-12
+        grid.points[grid.patch_index],
+        grid.patch_centers[:, None] + grid.pixel_offsets[None],
+        atol=1e-12,
+        rtol=0,
     )
     assert np.array_equal(np.unique(grid.patch_index), np.arange(grid.num_points))
     assert len(np.unique(grid.lattice_coords, axis=0)) == grid.num_points
     # Centres: the patch hexagon scaled by (n2 - 1) sqrt3 and rotated by 30 degrees.
     rot30 = _rotation_2d(np.pi / 6)
-    np.testing.assert_allclose(grid.patch_centers, (n2 - 1) * np.sqrt(3) * hexagon_points(n1) @ rot30.T, atol=1e-12)
+    np.testing.assert_allclose(
+        grid.patch_centers, (n2 - 1) * np.sqrt(3) * hexagon_points(n1) @ rot30.T, atol=1e-12, rtol=0
+    )
     # Neighbouring patches share an edge: n2 pixels for E adjacent pairs, one pixel per triple
     # corner (T of them): |H0| = M K - E n2 + T with E = 3 (n1 - 1)(3 n1 - 2), T = 6 (n1 - 1)^2.
     M, K = 3 * n1 * (n1 - 1) + 1, 3 * n2 * (n2 - 1) + 1
@@ -443,7 +478,9 @@ def test_hex_patch_grid_not_square_symmetric():
         grid.point_permutation(_rotation_2d(np.pi / 2))
 
 
-@pytest.mark.parametrize("kwargs", [dict(n_patch_side=0, n_pixel_side=3), dict(n_patch_side=2, n_pixel_side=3, spacing=1.5)])
+@pytest.mark.parametrize(
+    "kwargs", [{"n_patch_side": 0, "n_pixel_side": 3}, {"n_patch_side": 2, "n_pixel_side": 3, "spacing": 1.5}]
+)
 def test_hex_patch_grid_bad_arguments(kwargs):
     with pytest.raises(ValueError, match="positive integer"):
         HexPatchGrid(**kwargs)
@@ -456,7 +493,7 @@ def test_hex_patch_grid_bad_arguments(kwargs):
 def test_square_grid_layout(height, width):
     pts = square_grid(height, width)
     assert pts.shape == (height * width, 2) and pts.dtype == np.float64
-    np.testing.assert_allclose(pts.mean(0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(pts.mean(0), 0.0, atol=1e-12, rtol=0)
     row, col = np.divmod(np.arange(height * width), width)
     np.testing.assert_array_equal(pts[:, 0], col - (width - 1) / 2)
     np.testing.assert_array_equal(pts[:, 1], (height - 1) / 2 - row)

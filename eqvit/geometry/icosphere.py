@@ -52,7 +52,9 @@ def _base_icosahedron() -> tuple[np.ndarray, np.ndarray]:
     k = np.arange(5)
     rho, z = 2 / np.sqrt(5), 1 / np.sqrt(5)
     upper = np.stack([rho * np.cos(2 * np.pi * k / 5), rho * np.sin(2 * np.pi * k / 5), np.full(5, z)], 1)
-    lower = np.stack([rho * np.cos(2 * np.pi * (k + 0.5) / 5), rho * np.sin(2 * np.pi * (k + 0.5) / 5), np.full(5, -z)], 1)
+    lower = np.stack(
+        [rho * np.cos(2 * np.pi * (k + 0.5) / 5), rho * np.sin(2 * np.pi * (k + 0.5) / 5), np.full(5, -z)], 1
+    )
     vertices = np.concatenate([[[0.0, 0.0, 1.0]], upper, lower, [[0.0, 0.0, -1.0]]])
     u, l, u1, l1 = 1 + k, 6 + k, 1 + (k + 1) % 5, 6 + (k + 1) % 5
     faces = np.concatenate(
@@ -102,7 +104,12 @@ def spherical_triangle_area(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.n
     positive for counter-clockwise triangles seen from outside.
     """
     det = np.einsum("...i,...i->...", a, np.cross(b, c))
-    den = 1 + np.einsum("...i,...i->...", a, b) + np.einsum("...i,...i->...", b, c) + np.einsum("...i,...i->...", c, a)
+    den = (
+        1
+        + np.einsum("...i,...i->...", a, b)
+        + np.einsum("...i,...i->...", b, c)
+        + np.einsum("...i,...i->...", c, a)
+    )
     return 2 * np.arctan2(det, den)
 
 
@@ -206,7 +213,9 @@ def _icosphere(level: int) -> Icosphere:
         vertices, faces = _subdivide(vertices, faces)
     corners = vertices[faces]
     face_areas = spherical_triangle_area(corners[:, 0], corners[:, 1], corners[:, 2])
-    vertex_areas = np.bincount(faces.reshape(-1), weights=np.repeat(face_areas / 3, 3), minlength=len(vertices))
+    vertex_areas = np.bincount(
+        faces.reshape(-1), weights=np.repeat(face_areas / 3, 3), minlength=len(vertices)
+    )
     centroids = corners.sum(1)
     centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
     return Icosphere(

@@ -20,5 +20,5 @@ def square_grid(height: int, width: int) -> np.ndarray:
             raise ValueError(f"expected {name} to be a positive integer, got {n!r}")
     row, col = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
     x = col.ravel() - (width - 1) / 2
-    y = row.ravel() - (height - 1) / 2
+    y = (height - 1) / 2 - row.ravel()
     return np.stack([x, y], 1).astype(np.float64)

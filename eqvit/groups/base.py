@@ -198,45 +198,51 @@ class FiniteGroup:
                 return current
             member = grown
 
+    def conjugate_subgroup(self, subgroup: np.ndarray, g: int) -> np.ndarray:
+        """Sorted indices of ``g H g^-1``."""
+        return np.unique(self.cayley[self.cayley[g, subgroup], self.inverse[g]])
+
+    def _conjugates(self, subgroup: np.ndarray) -> list[np.ndarray]:
+        """The distinct conjugates of ``subgroup``, lexicographically sorted."""
+        seen: dict[bytes, np.ndarray] = {}
+        for g in range(self.order):
+            conj = self.conjugate_subgroup(subgroup, g)
+            seen.setdefault(conj.tobytes(), conj)
+        return sorted(seen.values(), key=lambda s: s.tolist())
+
     @cached_property
-    def _all_subgroups(self) -> list[np.ndarray]:
-        found: dict[bytes, np.ndarray] = {}
-        trivial = np.array([0], dtype=np.int64)
-        found[trivial.tobytes()] = trivial
-        frontier = [trivial]
+    def _subgroup_classes(self) -> list[np.ndarray]:
+        # Breadth-first over conjugacy classes: extending one representative H of each class by
+        # every g reaches a conjugate of every subgroup, since <aHa^-1, aga^-1> = a<H, g>a^-1.
+        class_of: dict[bytes, int] = {}
+        representatives: list[np.ndarray] = []
+
+        def add(sub: np.ndarray) -> bool:
+            if sub.tobytes() in class_of:
+                return False
+            conjugates = self._conjugates(sub)
+            for conj in conjugates:
+                class_of[conj.tobytes()] = len(representatives)
+            representatives.append(conjugates[0])
+            return True
+
+        add(np.array([0], dtype=np.int64))
+        frontier = [representatives[0]]
         while frontier:
             next_frontier = []
             for sub in frontier:
                 inside = np.zeros(self.order, dtype=bool)
                 inside[sub] = True
                 for g in np.flatnonzero(~inside):
-                    bigger = self.closure(np.append(sub, g))
-                    key = bigger.tobytes()
-                    if key not in found:
-                        found[key] = bigger
-                        next_frontier.append(bigger)
+                    if add(self.closure(np.append(sub, g))):
+                        next_frontier.append(representatives[-1])
             frontier = next_frontier
-        return sorted(found.values(), key=lambda s: (len(s), s.tolist()))
+        return sorted(representatives, key=lambda s: (len(s), s.tolist()))
 
     def all_subgroups(self) -> list[np.ndarray]:
         """Every subgroup, as sorted index arrays ordered by size."""
-        return list(self._all_subgroups)
-
-    def conjugate_subgroup(self, subgroup: np.ndarray, g: int) -> np.ndarray:
-        """Sorted indices of ``g H g^-1``."""
-        return np.unique(self.cayley[self.cayley[g, subgroup], self.inverse[g]])
-
-    @cached_property
-    def _subgroup_classes(self) -> list[np.ndarray]:
-        representatives: list[np.ndarray] = []
-        claimed: set[bytes] = set()
-        for sub in self._all_subgroups:
-            if sub.tobytes() in claimed:
-                continue
-            representatives.append(sub)
-            for g in range(self.order):
-                claimed.add(self.conjugate_subgroup(sub, g).tobytes())
-        return representatives
+        every = [conj for rep in self._subgroup_classes for conj in self._conjugates(rep)]
+        return sorted(every, key=lambda s: (len(s), s.tolist()))
 
     def subgroups(self) -> list[np.ndarray]:
         """One subgroup per conjugacy class of subgroups (sorted index arrays), by size.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -47,6 +48,8 @@ __all__ = [
 _PERM_L1 = (1, 2, 0)
 # Condition number that the sampling matrices Y_l(P) must stay below, for every l <= L.
 _MAX_COND = 8.0
+# float64 scratch per chunk of poses (the harmonics at the rotated sample points).
+_CHUNK_BYTES = 1 << 27
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -60,8 +63,10 @@ def _check_degree(l: int, name: str = "l") -> int:
 
 
 def _check_rotations(R: Tensor, name: str = "R") -> None:
-    if not isinstance(R, torch.Tensor):
-        raise ValueError(f"expected {name} to be a torch.Tensor of shape [..., 3, 3], got {type(R).__name__}")
+    if not isinstance(R, torch.Tensor):  # DESIGN.md: all bad input is a ValueError
+        raise ValueError(  # noqa: TRY004
+            f"expected {name} to be a torch.Tensor of shape [..., 3, 3], got {type(R).__name__}"
+        )
     if R.dim() < 2 or tuple(R.shape[-2:]) != (3, 3):
         raise ValueError(f"expected {name} of shape [..., 3, 3], got {list(R.shape)}")
     if not R.is_floating_point():
@@ -95,16 +100,14 @@ class _Recursion(NamedTuple):
     b: tuple[Tensor | None, ...]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _recursion(L: int, device: torch.device) -> _Recursion:
-    # q_mm: normalised P_m^m / sin^m, sqrt((2m+1)/4pi) * prod_k sqrt((2k-1)/2k); the sqrt(2) makes the
-    # real m != 0 harmonics orthonormal.
-    qmm = [math.sqrt((2 * m + 1) / (4 * math.pi)) for m in range(L + 1)]
+    # q_mm = normalised P_m^m / sin^m(theta) = sqrt((2m+1)/4pi) prod_{k<=m} sqrt((2k-1)/2k), built up as
+    # q_mm = q_{m-1,m-1} sqrt((2m+1)/2m); sqrt(2) makes the real m != 0 harmonics orthonormal.
+    qmm = [1 / math.sqrt(4 * math.pi)]
     for m in range(1, L + 1):
-        qmm[m] = qmm[m - 1] * math.sqrt((2 * m - 1) / (2 * m)) * math.sqrt((2 * m + 1) / (2 * m - 1))
+        qmm.append(qmm[-1] * math.sqrt((2 * m + 1) / (2 * m)))
     s2 = math.sqrt(2.0)
-    top0 = [s2 * qmm[l] for l in range(2, L + 1)]
-    top1 = [math.sqrt(2 * l + 1) * s2 * qmm[l - 1] for l in range(2, L + 1)]
     a: list[Tensor | None] = [None, None]
     b: list[Tensor | None] = [None, None]
     for l in range(2, L + 1):
@@ -119,8 +122,8 @@ def _recursion(L: int, device: torch.device) -> _Recursion:
 
     return _Recursion(
         c00=qmm[0],
-        top0=col(top0),
-        top1=col(top1),
+        top0=col([s2 * qmm[l] for l in range(2, L + 1)]),
+        top1=col([math.sqrt(2 * l + 1) * s2 * qmm[l - 1] for l in range(2, L + 1)]),
         top0_1=s2 * qmm[1] if L >= 1 else 0.0,
         top1_1=math.sqrt(3.0) * qmm[0],
         a=tuple(a),
@@ -170,7 +173,7 @@ class _Sampling(NamedTuple):
     pinv: tuple[Tensor, ...]  # pinv[l]: [N, 2l+1] float64, Y_l(P)^+
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sampling(L: int, device: torch.device) -> _Sampling:
     """Points P and pseudo-inverses Y_l(P)^+ for all l <= L, float64, computed once per (L, device)."""
     if device.type != "cpu":  # compute on the CPU once, then copy
@@ -188,20 +191,26 @@ def _sampling(L: int, device: torch.device) -> _Sampling:
     return _Sampling(points.contiguous(), tuple(torch.linalg.pinv(y) for y in ys))
 
 
-def _wigner_D_float64(L: int, R: Tensor, l_min: int) -> list[Tensor]:
-    """D^l for l_min <= l <= L (l >= 2) from R [M, 3, 3], float64, as [2l+1, M, 2l+1] (row, batch, col).
+def _wigner_D_chunks(L: int, R: Tensor, l_min: int) -> Iterator[tuple[int, int, list[Tensor]]]:
+    """Yield ``(start, stop, [D^l for l_min <= l <= L])`` over chunks of the poses ``R [M, 3, 3]`` (l >= 2).
 
-    Entry l - l_min of the list. The harmonics are laid out as [2l+1, M * N] (pose-major, point-minor):
-    the recursion then runs over long contiguous rows, and each degree is a single GEMM
-    [(2l+1) M, N] @ [N, 2l+1] whose result only needs a row/batch swap to become [M, 2l+1, 2l+1].
+    Each D^l is float64 ``[2l+1, stop - start, 2l+1]`` (row, pose, column). The harmonics are laid out as
+    [2l+1, poses * N] (pose-major, point-minor): the recursion then runs over long contiguous rows, and
+    each degree is one GEMM [(2l+1) poses, N] @ [N, 2l+1] whose result needs only a row/pose swap.
+    The harmonics take ~N (L+1)^2 float64 per pose, many times the output of a single degree, so huge
+    batches go in chunks to bound the scratch memory.
     """
     device = _work_device(R.device)
     samp = _sampling(L, device)
-    R64 = R.to(device=device, dtype=torch.float64)
-    M, N = R64.shape[0], samp.points.shape[0]
-    rotated = (R64.reshape(M * 3, 3) @ samp.points.T).view(M, 3, N)  # R_b p_j, one GEMM
-    ys = _solid_harmonics(L, rotated.transpose(0, 1).reshape(3, M * N))  # [2l+1, M*N] each
-    return [(ys[l].view(-1, N) @ samp.pinv[l]).view(2 * l + 1, M, 2 * l + 1) for l in range(l_min, L + 1)]
+    N = samp.points.shape[0]
+    step = max(1, _CHUNK_BYTES // (4 * 8 * N * (L + 1) ** 2))  # harmonics plus a few temporaries
+    for start in range(0, R.shape[0], step):
+        R64 = R[start : start + step].to(device=device, dtype=torch.float64)
+        M = R64.shape[0]
+        rotated = (R64.reshape(M * 3, 3) @ samp.points.T).view(M, 3, N)  # R_b p_j, one GEMM
+        ys = _solid_harmonics(L, rotated.transpose(0, 1).reshape(3, M * N))  # [2l+1, M*N] each
+        Ds = [(ys[l].view(-1, N) @ samp.pinv[l]).view(2 * l + 1, M, 2 * l + 1) for l in range(l_min, L + 1)]
+        yield start, start + M, Ds
 
 
 def _wigner_D_low(l: int, R: Tensor) -> Tensor:
@@ -221,17 +230,18 @@ def wigner_D(l: int, R: Tensor) -> Tensor:
 
     A homomorphism (``wigner_D(l, R1 @ R2) == wigner_D(l, R1) @ wigner_D(l, R2)``) in the real basis
     m = -l..l of :func:`spherical_harmonics`; ``wigner_D(0, R) == 1`` and ``wigner_D(1, R) == P R Pᵀ``.
-    Polynomial in R's entries, computed in float64, returned in R's dtype and on R's device.
+    Polynomial in R's entries, computed in float64, returned in R's dtype and on R's device. Inputs that
+    are rotations only up to rounding (float32, say) give results accurate to that rounding.
     """
     l = _check_degree(l)
     _check_rotations(R)
     if l <= 1:
         return _wigner_D_low(l, R)
-    batch = R.shape[:-2]
-    (D,) = _wigner_D_float64(l, R.reshape(-1, 3, 3), l_min=l)
-    out = torch.empty((D.shape[1], 2 * l + 1, 2 * l + 1), dtype=R.dtype, device=R.device)
-    out.copy_(D.transpose(0, 1))  # one pass: batch to the front and cast to the caller's dtype
-    return out.reshape(batch + (2 * l + 1, 2 * l + 1))
+    flat = R.reshape(-1, 3, 3)
+    out = torch.empty((flat.shape[0], 2 * l + 1, 2 * l + 1), dtype=R.dtype, device=R.device)
+    for start, stop, (D,) in _wigner_D_chunks(l, flat, l_min=l):
+        out[start:stop] = D.transpose(0, 1)  # one pass: poses to the front, cast to the caller's dtype
+    return out.reshape(R.shape[:-2] + (2 * l + 1, 2 * l + 1))
 
 
 def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
@@ -242,7 +252,6 @@ def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
     """
     L = _check_degree(L, "L")
     _check_rotations(R)
-    batch = R.shape[:-2]
     flat = R.reshape(-1, 3, 3)
     d = (L + 1) ** 2
     # Allocate in the caller's dtype: the output is mostly zeros, so never materialise it in float64.
@@ -251,9 +260,10 @@ def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
     if L >= 1:
         out[:, 1:4, 1:4] = _wigner_D_low(1, flat)
     if L >= 2:
-        for l, D in enumerate(_wigner_D_float64(L, flat, l_min=2), start=2):
-            out[:, l * l : (l + 1) ** 2, l * l : (l + 1) ** 2] = D.transpose(0, 1)  # casts to R.dtype
-    return out.reshape(batch + (d, d))
+        for start, stop, Ds in _wigner_D_chunks(L, flat, l_min=2):
+            for l, D in enumerate(Ds, start=2):
+                out[start:stop, l * l : (l + 1) ** 2, l * l : (l + 1) ** 2] = D.transpose(0, 1)  # casts
+    return out.reshape(R.shape[:-2] + (d, d))
 
 
 def spherical_harmonics(l: int, x: Tensor) -> Tensor:
@@ -278,12 +288,21 @@ def spherical_harmonics(l: int, x: Tensor) -> Tensor:
 
 
 def _float_tensors(*xs: Tensor | float) -> list[Tensor]:
-    ts = [torch.as_tensor(x) for x in xs]
-    dtype = functools.reduce(torch.promote_types, [t.dtype for t in ts])
-    if not dtype.is_floating_point:
+    """Broadcast tensors and Python numbers to one floating dtype and device.
+
+    Like torch's own promotion, Python numbers do not pick the dtype: they are converted straight to
+    the tensors' dtype (so ``math.pi`` next to a float64 tensor stays float64 pi, not float32 pi).
+    """
+    tensors = [x for x in xs if isinstance(x, torch.Tensor)]
+    dtype = (
+        functools.reduce(torch.promote_types, [t.dtype for t in tensors], tensors[0].dtype)
+        if tensors
+        else None
+    )
+    if dtype is None or not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
-    device = next((t.device for t in ts if isinstance(t, torch.Tensor) and t.dim() > 0), ts[0].device)
-    return list(torch.broadcast_tensors(*[t.to(device=device, dtype=dtype) for t in ts]))
+    device = next((t.device for t in tensors if t.dim() > 0), tensors[0].device if tensors else None)
+    return list(torch.broadcast_tensors(*[torch.as_tensor(x, dtype=dtype, device=device) for x in xs]))
 
 
 def euler_zyz_to_matrix(alpha: Tensor | float, beta: Tensor | float, gamma: Tensor | float) -> Tensor:
@@ -302,9 +321,8 @@ def matrix_to_euler_zyz(R: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """ZYZ Euler angles of ``R [..., 3, 3]``: ``(alpha, beta, gamma)``, each ``[...]``.
 
     ``alpha, gamma`` in [-pi, pi), ``beta`` in [0, pi]; at the poles (beta = 0 or pi, where only
-    alpha ± gamma is defined) ``gamma = 0`` and beta is exactly 0 or pi. Accurate everywhere: the sum
-    alpha + gamma comes from the upper-left block scaled by 1 + cos(beta) and the difference from the one
-    scaled by 1 - cos(beta), so neither is read off the tiny entries sin(beta) multiplies near a pole.
+    alpha ± gamma is defined) ``gamma = 0`` and beta is exactly 0 or pi. Accurate everywhere, near the
+    poles included: each angle is read from the entries it actually controls (see the comments).
     """
     _check_rotations(R)
     tol = 8 * torch.finfo(R.dtype).eps  # sin(beta) below this: a pole within the input's precision
@@ -315,20 +333,23 @@ def matrix_to_euler_zyz(R: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
     sin_b = 0.5 * (torch.hypot(e(0, 2), e(1, 2)) + torch.hypot(e(2, 0), e(2, 1)))
     beta = torch.atan2(sin_b, e(2, 2))
+    # (R02, R12) = sin(b) (cos a, sin a): alpha to relative accuracy eps / sin(b), which is all the
+    # entries it multiplies need. gamma must not come from the third row the same way: near a pole the
+    # upper-left block depends on alpha + gamma at full weight. So take the sum (or difference) from
+    # that block, where it is scaled by 1 + cos(b) (or 1 - cos(b)), and subtract alpha:
     # R00 + R11 = (1 + cb) cos(a + g), R10 - R01 = (1 + cb) sin(a + g),
     # R11 - R00 = (1 - cb) cos(a - g), -(R10 + R01) = (1 - cb) sin(a - g).
+    alpha = torch.atan2(e(1, 2), e(0, 2))
     s = torch.atan2(e(1, 0) - e(0, 1), e(0, 0) + e(1, 1))
     d = torch.atan2(-(e(1, 0) + e(0, 1)), e(1, 1) - e(0, 0))
-    alpha, gamma = (s + d) / 2, (s - d) / 2
-    # (s ± d) / 2 fixes alpha, gamma only up to adding pi to both (which would flip the sign of beta);
-    # pick the pair for which the third row/column give sin(beta) >= 0.
-    flip = alpha.cos() * e(0, 2) + alpha.sin() * e(1, 2) - gamma.cos() * e(2, 0) + gamma.sin() * e(2, 1) < 0
-    alpha = torch.where(flip, alpha + math.pi, alpha)
-    gamma = torch.where(flip, gamma + math.pi, gamma)
+    gamma = torch.where(e(2, 2) >= 0, s - alpha, alpha - d)
+    # At a pole only alpha ± gamma is defined: choose gamma = 0 and snap beta.
     north, south = (sin_b <= tol) & (e(2, 2) > 0), (sin_b <= tol) & (e(2, 2) < 0)
     alpha = torch.where(north, s, torch.where(south, d, alpha))
     gamma = torch.where(north | south, torch.zeros_like(gamma), gamma)
-    beta = torch.where(north, torch.zeros_like(beta), torch.where(south, torch.full_like(beta, math.pi), beta))
+    beta = torch.where(
+        north, torch.zeros_like(beta), torch.where(south, torch.full_like(beta, math.pi), beta)
+    )
 
     def wrap(t: Tensor) -> Tensor:
         return torch.remainder(t + math.pi, 2 * math.pi) - math.pi
@@ -381,8 +402,7 @@ def axis_angle_to_matrix(axis: Tensor, angle: Tensor | float) -> Tensor:
     if not isinstance(axis, torch.Tensor) or axis.dim() < 1 or axis.shape[-1] != 3:
         got = list(axis.shape) if isinstance(axis, torch.Tensor) else type(axis).__name__
         raise ValueError(f"expected axis of shape [..., 3], got {got}")
-    axis, angle = axis.movedim(-1, 0), torch.as_tensor(angle)
-    x, y, z, angle = _float_tensors(axis[0], axis[1], axis[2], angle)
+    x, y, z, angle = _float_tensors(*axis.unbind(-1), angle)
     norm = torch.sqrt(x * x + y * y + z * z)
     if bool((norm == 0).any()):
         raise ValueError("expected a nonzero rotation axis, got a zero vector")

@@ -90,10 +90,6 @@ class EquivariantViT(nn.Module):
         self.norm = nn.LayerNorm(embed_dim)
         self.head = head
         self.apply(_init_weights)
-        # A zero head starts a residual model exactly at persistence (and any model at zero).
-        for module in self.head.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.zeros_(module.weight)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

@@ -23,9 +23,23 @@ class ExactBuffers(nn.Module):
         self._exact_masters[name] = master
         self.register_buffer(name, master.to(torch.get_default_dtype()), persistent=False)
 
+    def __setattr__(self, name: str, value) -> None:  # noqa: ANN001
+        # Assigning a new tensor to an exact buffer replaces its master too, so a later
+        # .double() / .to() does not silently restore the old values.
+        masters = self.__dict__.get("_exact_masters")
+        if masters is not None and name in masters and isinstance(value, torch.Tensor) and not self._in_apply:
+            masters[name] = value.detach().to(device="cpu", dtype=torch.float64)
+        super().__setattr__(name, value)
+
+    _in_apply = False
+
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 - torch's signature
         super()._apply(fn, recurse)
-        for name, master in self._exact_masters.items():
-            current = getattr(self, name)
-            setattr(self, name, fn(master).to(dtype=current.dtype, device=current.device))
+        object.__setattr__(self, "_in_apply", True)
+        try:
+            for name, master in self._exact_masters.items():
+                current = getattr(self, name)
+                setattr(self, name, fn(master).to(dtype=current.dtype, device=current.device))
+        finally:
+            object.__setattr__(self, "_in_apply", False)
         return self

@@ -1,0 +1,116 @@
+"""Time the real Wigner-D matrices of eqvit.groups.so3 on a batch of random poses.
+
+Times ``wigner_D_blocks(L, R)`` (the SO(3)-RoPE operator, all degrees at once) and ``wigner_D(l, R)`` for
+each l <= L: warm-up calls first (they also build the cached constants), then the median and minimum
+of ``--repeats`` timed calls. Prints a table and writes JSON.
+
+    python benchmarks/wigner_timing.py                      # 960 float32 poses, L = 7, CPU
+    python benchmarks/wigner_timing.py --threads 1 --out benchmarks/results/wigner_timing_1thread.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from eqvit.groups.so3 import random_rotations, wigner_D, wigner_D_blocks
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def time_call(fn: Callable[[], torch.Tensor], repeats: int, warmup: int, device: torch.device) -> dict:
+    """Median / min / max wall time in ms of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--n", type=int, default=960, help="number of poses (960 = SO3ViT on icosphere level 2)"
+    )
+    parser.add_argument("--L", type=int, default=7, help="highest degree")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--repeats", type=int, default=30, help="timed calls per entry (at least 20)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "wigner_timing.json", help="JSON path"
+    )
+    args = parser.parse_args(argv)
+    if args.repeats < 20:
+        parser.error(f"expected --repeats >= 20, got {args.repeats}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    generator = torch.Generator().manual_seed(args.seed)
+    R = random_rotations(args.n, generator=generator, dtype=dtype).to(device)
+
+    entries = [(f"wigner_D_blocks(L={args.L})", lambda: wigner_D_blocks(args.L, R))]
+    entries += [(f"wigner_D(l={l})", lambda l=l: wigner_D(l, R)) for l in range(args.L + 1)]
+    rows = []
+    for name, fn in entries:
+        stats = time_call(fn, args.repeats, args.warmup, device)
+        rows.append({"name": name, **stats, "us_per_pose": 1e3 * stats["median_ms"] / args.n})
+    per_l_total = sum(r["median_ms"] for r in rows[1:])
+
+    print(
+        f"{args.n} {args.dtype} poses on {device}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
+    print(f"{'call':<24} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'us/pose':>8}")
+    for r in rows:
+        print(
+            f"{r['name']:<24} {r['median_ms']:>10.3f} {r['min_ms']:>8.3f} {r['max_ms']:>8.3f} {r['us_per_pose']:>8.3f}"
+        )
+    print(f"{'sum of wigner_D(l)':<24} {per_l_total:>10.3f}")
+
+    result = {
+        "benchmark": "wigner_timing",
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "environment": {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "device": str(device),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "python": platform.python_version(),
+            # Other work on the machine inflates wall times; the load says how much there was.
+            "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        },
+        "results": rows,
+        "sum_wigner_D_per_l_median_ms": per_l_total,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
