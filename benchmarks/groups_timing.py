@@ -32,7 +32,9 @@ print(time.perf_counter() - start)
 
 
 def measure(snippet: str) -> float:
-    out = subprocess.run([sys.executable, "-c", TEMPLATE.format(snippet=snippet)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", TEMPLATE.format(snippet=snippet)], capture_output=True, text=True, check=True
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 

@@ -7,7 +7,9 @@ plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"
 * Forward time: batch 1, float32, ``eval()``, ``no_grad``; warm-up, then the median of the timed
   runs. All models are built in this process and timed in interleaved rounds (every round runs
   each model once, in a rotated order) so that machine noise hits all of them alike. Models that
-  are slow here (the S2Transformers on CPU) get fewer rounds (``--s2-repeats``).
+  are slow here (the S2Transformers on CPU) run in fewer rounds (``--s2-repeats``), spread evenly
+  over the whole sequence. Ratios are reported as ratios of medians and as the median of the
+  per-round ratios.
 * Peak training memory: batch 4, forward + backward + Adam step, each model in a fresh subprocess.
   On CPU the peak resident set size is reset (``/proc/self/clear_refs``) after the model, the
   optimizer and the batch exist, and the reported figure is
@@ -173,9 +175,7 @@ def measure_memory(spec: str, args: argparse.Namespace) -> dict[str, Any]:
 # forward time (all models in this process, interleaved rounds)
 
 
-def time_forward(
-    specs: list[str], repeats: dict[str, int], warmup: int, device: torch.device
-) -> dict[str, Any]:
+def time_forward(specs: list[str], repeats: dict[str, int], warmup: int, device: torch.device) -> dict[str, Any]:
     from tqdm import tqdm
 
     built, inputs = {}, {}
@@ -185,6 +185,9 @@ def time_forward(
         inputs[spec] = example_input(built[spec], 1, device)
     raw: dict[str, list[dict[str, float]]] = {spec: [] for spec in specs}
     rounds = max(repeats.values())
+    # A model with fewer runs runs in rounds spread evenly over the whole sequence, so that it
+    # samples the same stretch of machine noise as the others (and per-round pairs exist).
+    scheduled = {spec: spread(repeats[spec], rounds) for spec in specs}
     with torch.no_grad():
         for _ in range(warmup):
             for spec in specs:
@@ -193,7 +196,7 @@ def time_forward(
         for r in tqdm(range(rounds), desc="forward rounds", file=sys.stderr, disable=None):
             order = specs[r % len(specs) :] + specs[: r % len(specs)]
             for spec in order:
-                if r >= repeats[spec]:
+                if r not in scheduled[spec]:
                     continue
                 sync(device)
                 start = time.perf_counter()
@@ -205,6 +208,15 @@ def time_forward(
     del built
     gc.collect()
     return {"raw": raw, "params": params, "tokens": tokens}
+
+
+def spread(n: int, rounds: int) -> set[int]:
+    """``n`` round indices out of ``range(rounds)``, evenly spaced, first and last included."""
+    if n >= rounds:
+        return set(range(rounds))
+    if n == 1:
+        return {rounds // 2}
+    return {round(i * (rounds - 1) / (n - 1)) for i in range(n)}
 
 
 def paired_ratios(a: list[dict[str, float]], b: list[dict[str, float]]) -> list[float]:
@@ -311,9 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "forward_ms_median": median[spec],
                 "forward_runs": len(timing["raw"][spec]),
                 "train_peak_mb": peak,
-                "train_step_ms_median": statistics.median(mem["train_step_ms"])
-                if "train_step_ms" in mem
-                else None,
+                "train_step_ms_median": statistics.median(mem["train_step_ms"]) if "train_step_ms" in mem else None,
                 "speed_ratio": median[reference] / median[spec],
                 "memory_ratio": ref_mem / peak if ref_mem and peak else None,
             }
@@ -398,26 +408,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, help="registered model names")
+    p.add_argument("--repeats", type=int, default=None, help="timed forward runs per model (default 50, quick 3)")
     p.add_argument(
-        "--repeats", type=int, default=None, help="timed forward runs per model (default 30, quick 3)"
+        "--s2-repeats", type=int, default=None, help="timed runs for the S2Transformers (default 9, quick 2)"
     )
-    p.add_argument(
-        "--s2-repeats", type=int, default=None, help="timed runs for the S2Transformers (default 7, quick 2)"
-    )
-    p.add_argument(
-        "--warmup", type=int, default=None, help="untimed forward runs per model (default 2, quick 1)"
-    )
+    p.add_argument("--warmup", type=int, default=None, help="untimed forward runs per model (default 2, quick 1)")
     p.add_argument("--batch-size", type=int, default=4, help="training batch size for the memory measurement")
-    p.add_argument(
-        "--train-steps", type=int, default=None, help="training steps per memory run (default 2, quick 1)"
-    )
+    p.add_argument("--train-steps", type=int, default=None, help="training steps per memory run (default 2, quick 1)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)"
-    )
-    p.add_argument(
-        "--reference", default=None, help="ratios are against this model (default: first s2transformer*)"
-    )
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--reference", default=None, help="ratios are against this model (default: first s2transformer*)")
     p.add_argument("--candidate", default=None, help="headline model (default: first so3vit*)")
     p.add_argument("--no-memory", action="store_true", help="skip the training-memory measurement")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
@@ -427,7 +427,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     quick = args.quick
     for name, normal, fast in (
         ("repeats", 30, 3),
-        ("s2_repeats", 7, 2),
+        ("s2_repeats", 9, 2),
         ("warmup", 2, 1),
         ("train_steps", 2, 1),
     ):

@@ -45,11 +45,18 @@ def time_call(fn: Callable[[], torch.Tensor], repeats: int, warmup: int, device:
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
 
 
+def _display_path(path: Path) -> str:
+    """``path`` relative to the repository root when inside it (no machine-specific prefixes in JSON)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--n", type=int, default=960, help="number of poses (960 = SO3ViT on icosphere level 2)"
-    )
+    parser.add_argument("--n", type=int, default=960, help="number of poses (960 = SO3ViT on icosphere level 2)")
     parser.add_argument("--L", type=int, default=7, help="highest degree")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--device", default="cpu")
@@ -79,9 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append({"name": name, **stats, "us_per_pose": 1e3 * stats["median_ms"] / args.n})
     per_l_total = sum(r["median_ms"] for r in rows[1:])
 
-    print(
-        f"{args.n} {args.dtype} poses on {device}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    )
+    print(f"{args.n} {args.dtype} poses on {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"{'call':<24} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'us/pose':>8}")
     for r in rows:
         print(
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     result = {
         "benchmark": "wigner_timing",
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": {k: (_display_path(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "environment": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),

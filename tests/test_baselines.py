@@ -22,15 +22,6 @@ from eqvit.testing import EquivarianceError, assert_equivariant
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "so3vit_vs_s2transformer.py"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The CPUs are shared: one intra-op thread is far faster than two oversubscribed ones.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def randomise_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Add noise to every parameter, in place. EquivariantViT starts with a zero head, so a fresh
     model outputs exactly zero and an equivariance check on it could not fail."""

@@ -17,14 +17,6 @@ from eqvit.train.config import ConfigError, ExperimentConfig, load_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _yaml(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text)
@@ -113,9 +105,7 @@ def trained():
 def test_round_trip(tmp_path, trained):
     model, optimizer = trained
     config = {"model": {"name": "so3vit_tiny", "kwargs": {}}, "optim": {"lr": 0.01}}
-    weights = save_checkpoint(
-        tmp_path, model, step=7, config=config, metrics={"loss": 0.5}, optimizer=optimizer
-    )
+    weights = save_checkpoint(tmp_path, model, step=7, config=config, metrics={"loss": 0.5}, optimizer=optimizer)
     assert weights == tmp_path / "last.safetensors"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.json", "last.safetensors"]
 
@@ -127,9 +117,7 @@ def test_round_trip(tmp_path, trained):
 
     torch.manual_seed(1)
     fresh = eqvit.create_model("so3vit_tiny")
-    assert any(
-        not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values())
-    )
+    assert any(not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
     load_model_state(fresh, tensors)
     for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), k

@@ -221,9 +221,7 @@ def test_icosphere_bad_level(level):
 def test_icosahedral_group():
     G = ICOSAHEDRAL
     assert G.shape == (60, 3, 3)
-    np.testing.assert_allclose(
-        G @ G.transpose(0, 2, 1), np.broadcast_to(np.eye(3), G.shape), atol=1e-12, rtol=0
-    )
+    np.testing.assert_allclose(G @ G.transpose(0, 2, 1), np.broadcast_to(np.eye(3), G.shape), atol=1e-12, rtol=0)
     np.testing.assert_allclose(np.linalg.det(G), 1.0, atol=1e-12, rtol=0)
     assert len({tuple(np.round(g, 8).ravel()) for g in G}) == 60
     about_z = [g for g in G if np.allclose(g @ [0, 0, 1], [0, 0, 1], atol=1e-12)]
@@ -394,15 +392,11 @@ def test_hexagon_point_counts(n, count):
 def test_hexagon_points_geometry(n):
     pts = hexagon_points(n)
     coords = hexagon_lattice_coords(n)
-    np.testing.assert_allclose(
-        pts, coords[:, :1] * [1, 0] + coords[:, 1:] * [0.5, np.sqrt(3) / 2], atol=1e-15, rtol=0
-    )
+    np.testing.assert_allclose(pts, coords[:, :1] * [1, 0] + coords[:, 1:] * [0.5, np.sqrt(3) / 2], atol=1e-15, rtol=0)
     assert len(np.unique(coords, axis=0)) == len(coords)
     # Inside the regular hexagon with corners (n - 1) R(k pi / 3) (1, 0): the inradius is
     # (n - 1) sqrt3 / 2 along the six edge normals at 30 + 60 k degrees.
-    normals = np.stack(
-        [np.cos(np.pi / 6 + np.pi / 3 * np.arange(6)), np.sin(np.pi / 6 + np.pi / 3 * np.arange(6))], 1
-    )
+    normals = np.stack([np.cos(np.pi / 6 + np.pi / 3 * np.arange(6)), np.sin(np.pi / 6 + np.pi / 3 * np.arange(6))], 1)
     assert (pts @ normals.T).max() <= (n - 1) * np.sqrt(3) / 2 + 1e-12
     corners = (n - 1) * np.stack([np.cos(np.pi / 3 * np.arange(6)), np.sin(np.pi / 3 * np.arange(6))], 1)
     assert all(np.abs(pts - c).sum(1).min() < 1e-12 for c in corners)

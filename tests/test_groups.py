@@ -32,8 +32,10 @@ def test_cayley_table(group):
         assert sorted(col) == list(range(group.order))
     # associativity
     C = group.cayley
-    assert np.array_equal(C[C[:, :, None], np.arange(group.order)[None, None, :]][:, :, :],
-                          C[np.arange(group.order)[:, None, None], C[None, :, :]])
+    assert np.array_equal(
+        C[C[:, :, None], np.arange(group.order)[None, None, :]][:, :, :],
+        C[np.arange(group.order)[:, None, None], C[None, :, :]],
+    )
 
 
 def test_inverse(group):
@@ -90,7 +92,17 @@ def test_irreps_inequivalent_and_complete(group):
         ("C5", [("A", 1, "real"), ("E1", 2, "complex"), ("E2", 2, "complex")]),
         ("D1", [("A1", 1, "real"), ("A2", 1, "real")]),
         ("D3", [("A1", 1, "real"), ("A2", 1, "real"), ("E1", 2, "real")]),
-        ("D6", [("A1", 1, "real"), ("A2", 1, "real"), ("B1", 1, "real"), ("B2", 1, "real"), ("E1", 2, "real"), ("E2", 2, "real")]),
+        (
+            "D6",
+            [
+                ("A1", 1, "real"),
+                ("A2", 1, "real"),
+                ("B1", 1, "real"),
+                ("B2", 1, "real"),
+                ("E1", 2, "real"),
+                ("E2", 2, "real"),
+            ],
+        ),
         ("T", [("A", 1, "real"), ("E", 2, "complex"), ("T", 3, "real")]),
         ("O", [("A1", 1, "real"), ("A2", 1, "real"), ("E", 2, "real"), ("T1", 3, "real"), ("T2", 3, "real")]),
         ("I", [("A", 1, "real"), ("T1", 3, "real"), ("T2", 3, "real"), ("G", 4, "real"), ("H", 5, "real")]),
@@ -121,7 +133,9 @@ def test_closed_form_planar_irreps_follow_the_seed():
     assert irr["B2"](r)[0, 0] == -1 and irr["B2"](t)[0, 0] == -1
 
 
-@pytest.mark.parametrize("name, count", [("C4", 3), ("C6", 4), ("D4", 8), ("D6", 10), ("D3", 4), ("T", 5), ("O", 11), ("I", 9)])
+@pytest.mark.parametrize(
+    "name, count", [("C4", 3), ("C6", 4), ("D4", 8), ("D6", 10), ("D3", 4), ("T", 5), ("O", 11), ("I", 9)]
+)
 def test_subgroups_up_to_conjugacy(name, count):
     G = get_group(name)
     subs = G.subgroups()
@@ -141,14 +155,25 @@ def _by_stabilizer(G, generators):
 # The seed's Table 2 (D4) and Table 3 (D6): stabilizer generators (as r^k t^s indices k + n s)
 # and the multiplicities of (A1, A2, B1, B2, E1[, E2]).
 TABLE_2 = [
-    ([], (1, 1, 1, 1, 2), 8), ([2], (1, 1, 1, 1, 0), 4), ([1], (1, 1, 0, 0, 0), 2),
-    ([4], (1, 0, 1, 0, 1), 4), ([4 + 1], (1, 0, 0, 1, 1), 4), ([4, 2], (1, 0, 1, 0, 0), 2),
-    ([4 + 1, 2], (1, 0, 0, 1, 0), 2), ([4, 1], (1, 0, 0, 0, 0), 1),
+    ([], (1, 1, 1, 1, 2), 8),
+    ([2], (1, 1, 1, 1, 0), 4),
+    ([1], (1, 1, 0, 0, 0), 2),
+    ([4], (1, 0, 1, 0, 1), 4),
+    ([4 + 1], (1, 0, 0, 1, 1), 4),
+    ([4, 2], (1, 0, 1, 0, 0), 2),
+    ([4 + 1, 2], (1, 0, 0, 1, 0), 2),
+    ([4, 1], (1, 0, 0, 0, 0), 1),
 ]
 TABLE_3 = [
-    ([], (1, 1, 1, 1, 2, 2), 12), ([3], (1, 1, 0, 0, 0, 2), 6), ([2], (1, 1, 1, 1, 0, 0), 4),
-    ([1], (1, 1, 0, 0, 0, 0), 2), ([6], (1, 0, 1, 0, 1, 1), 6), ([6 + 1], (1, 0, 0, 1, 1, 1), 6),
-    ([6, 3], (1, 0, 0, 0, 0, 1), 3), ([6, 2], (1, 0, 1, 0, 0, 0), 2), ([6 + 1, 2], (1, 0, 0, 1, 0, 0), 2),
+    ([], (1, 1, 1, 1, 2, 2), 12),
+    ([3], (1, 1, 0, 0, 0, 2), 6),
+    ([2], (1, 1, 1, 1, 0, 0), 4),
+    ([1], (1, 1, 0, 0, 0, 0), 2),
+    ([6], (1, 0, 1, 0, 1, 1), 6),
+    ([6 + 1], (1, 0, 0, 1, 1, 1), 6),
+    ([6, 3], (1, 0, 0, 0, 0, 1), 3),
+    ([6, 2], (1, 0, 1, 0, 0, 0), 2),
+    ([6 + 1, 2], (1, 0, 0, 1, 0, 0), 2),
     ([6, 1], (1, 0, 0, 0, 0, 0), 1),
 ]
 
@@ -227,7 +252,9 @@ def test_restriction_multiplicities(name):
             assert res.dim == rho.dim
             assert np.abs(res.matrices - rho.matrices[H.parent_indices]).max() < 1e-9
             for sigma in H.irreps:
-                expected = round(rho.character[H.parent_indices] @ sigma.character / (sigma.character @ sigma.character))
+                expected = round(
+                    rho.character[H.parent_indices] @ sigma.character / (sigma.character @ sigma.character)
+                )
                 assert res.multiplicities[sigma.name] == expected
 
 

@@ -29,14 +29,6 @@ from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchi
 INPUT_LEVEL, PATCH_LEVEL = 3, 1
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def lifting():
     return icosphere_lifting(INPUT_LEVEL, PATCH_LEVEL)

@@ -82,9 +82,7 @@ def test_relative_lp_error_values(p, domain, grid_w, points):
     pred = target + 0.1 * torch.randn_like(target)
     k = w.ndim
     dims = tuple(range(-k, 0))
-    ref = ((pred - target).abs() ** p * w).sum(dims) ** (1 / p) / ((target.abs() ** p * w).sum(dims)) ** (
-        1 / p
-    )
+    ref = ((pred - target).abs() ** p * w).sum(dims) ** (1 / p) / ((target.abs() ** p * w).sum(dims)) ** (1 / p)
     torch.testing.assert_close(relative_lp_error(pred, target, w, p=p, reduction="none"), ref)
     torch.testing.assert_close(relative_lp_error(pred, target, w, p=p, reduction="channel"), ref.mean(0))
     torch.testing.assert_close(relative_lp_error(pred, target, w, p=p, dims=dims), ref.mean())
@@ -122,10 +120,7 @@ def test_polar_error_ratio(grid_w, points):
     assert abs(polar_error_ratio(torch.full((400,), 0.3, dtype=torch.float64), pts, pw).item() - 1) < 1e-12
     uniform = torch.full((NLAT, NLON), 0.3, dtype=torch.float64)
     assert abs(polar_error_ratio(uniform, grid_latitudes(NLAT), grid_w).item() - 1) < 1e-12
-    assert (
-        abs(polar_error_ratio(uniform, grid_latitudes(NLAT).reshape(NLAT, 1), grid_w[:, :1]).item() - 1)
-        < 1e-12
-    )
+    assert abs(polar_error_ratio(uniform, grid_latitudes(NLAT).reshape(NLAT, 1), grid_w[:, :1]).item() - 1) < 1e-12
     # error concentrated at the poles -> > 1; at the equator -> < 1
     polar_pts = (lat_pts.abs() > math.radians(70)).double() + 0.01
     assert polar_error_ratio(polar_pts, pts, pw).item() > 2
@@ -141,9 +136,7 @@ def test_mismatched_shapes_raise_value_error(grid_w, points):
     x = torch.zeros(2, 3, NLAT, NLON)
     with pytest.raises(ValueError, match=r"same shape.*\[2, 3, 16, 32\] and \[2, 3, 16, 31\]"):
         relative_lp_error(x, torch.zeros(2, 3, NLAT, NLON - 1), grid_w)
-    with pytest.raises(
-        ValueError, match=r"expected weights of shape \[16, 32\] or \[16, 1\].*got \[16, 31\]"
-    ):
+    with pytest.raises(ValueError, match=r"expected weights of shape \[16, 32\] or \[16, 1\].*got \[16, 31\]"):
         relative_lp_error(x, x, grid_w[:, :-1])
     with pytest.raises(ValueError, match=r"expected weights of shape \[401\].*got \[400\]"):
         relative_lp_error(torch.zeros(2, 401), torch.zeros(2, 401), pw)

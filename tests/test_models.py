@@ -53,15 +53,6 @@ def tiny_variant(name: str) -> str:
 TEST_MODELS = sorted({tiny_variant(name) for name in eqvit.list_models()})
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The CPUs are shared: one intra-op thread is far faster than two oversubscribed ones.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @cache
 def _pristine(name: str) -> nn.Module:
     torch.manual_seed(0)
@@ -89,13 +80,9 @@ def randomise_(model: nn.Module, seed: int = 0, skip: tuple[str, ...] = ()) -> n
     return model
 
 
-def random_input(
-    model: nn.Module, batch: int = 2, dtype: torch.dtype = torch.float32, seed: int = 0
-) -> torch.Tensor:
+def random_input(model: nn.Module, batch: int = 2, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, model.in_chans, *model.domain.shape, generator=gen, dtype=torch.float64).to(
-        dtype
-    )
+    return torch.randn(batch, model.in_chans, *model.domain.shape, generator=gen, dtype=torch.float64).to(dtype)
 
 
 def _z_rotations(group) -> np.ndarray:
@@ -208,9 +195,7 @@ class _TokenBias(nn.Module):
 
 def _break(model: EquivariantViT, how: str) -> None:
     if how == "token_bias":
-        model.tokenizer = nn.Sequential(
-            model.tokenizer, _TokenBias(model.tokenizer.num_tokens, model.embed_dim)
-        )
+        model.tokenizer = nn.Sequential(model.tokenizer, _TokenBias(model.tokenizer.num_tokens, model.embed_dim))
     elif how == "shuffled_poses":
         # A new SO3RoPE on permuted poses (assigning to ``posenc.pi`` would be undone by ``.double()``,
         # which re-derives the buffer from its float64 master).
@@ -243,9 +228,7 @@ def test_timm_create_model_builds_the_same_model(name):
     torch.manual_seed(0)
     theirs = timm.create_model(name)
     assert type(theirs) is type(ours)
-    assert {k: v.shape for k, v in theirs.state_dict().items()} == {
-        k: v.shape for k, v in ours.state_dict().items()
-    }
+    assert {k: v.shape for k, v in theirs.state_dict().items()} == {k: v.shape for k, v in ours.state_dict().items()}
     assert getattr(theirs, "config", None) == getattr(ours, "config", None)
 
 
@@ -349,9 +332,7 @@ class _OnSphere(nn.Module):
         gen = torch.Generator().manual_seed(5)
         self.pointwise = nn.Conv1d(2, 3, 1)  # the same channel map at every point
         self.mix = (
-            nn.Parameter(torch.randn(sphere.num_vertices, sphere.num_vertices, generator=gen))
-            if mixing
-            else None
+            nn.Parameter(torch.randn(sphere.num_vertices, sphere.num_vertices, generator=gen)) if mixing else None
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

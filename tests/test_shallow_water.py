@@ -182,9 +182,7 @@ def test_validation_set_cached_and_deterministic(tmp_path, data):
     val = data.validation_set(3, seed=42, cache_dir=tmp_path, chunk_size=2)
     assert val.path is not None and val.path.exists()
     name = val.path.name
-    assert (
-        data.config.key() in name and "seed42" in name and "_n3_" in name and points_hash(data.points) in name
-    )
+    assert data.config.key() in name and "seed42" in name and "_n3_" in name and points_hash(data.points) in name
     assert val.x_points.shape == (3, 3, 500) and val.y_grid.shape == (3, 3, 64, 128)
     loaded = data.validation_set(3, seed=42, cache_dir=tmp_path, chunk_size=2)
     fresh = ShallowWaterData(data.config, points=data.points).validation_set(3, seed=42, chunk_size=2)

@@ -172,9 +172,7 @@ def test_identity(l: int) -> None:
 def test_character(l: int) -> None:
     # random rotations, tiny angles (where the ratio is 0/0-like) and half-turns
     axes = torch.randn(6, 3, generator=gen(13), dtype=F64)
-    small = axis_angle_to_matrix(
-        axes, torch.tensor([0.0, 1e-12, 1e-7, 1e-4, math.pi - 1e-7, math.pi], dtype=F64)
-    )
+    small = axis_angle_to_matrix(axes, torch.tensor([0.0, 1e-12, 1e-7, 1e-4, math.pi - 1e-7, math.pi], dtype=F64))
     R = torch.cat([random_rotations(64, generator=gen(14)), small])
     assert character_error(wigner_D, l, R) < TOL[F64]
 
@@ -350,20 +348,17 @@ def test_inverse_and_strided_input(l: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("L", [0, 1, 2, 4, 7])
 def test_blocks(L: int, dtype: DType) -> None:
-    R1, R2 = (
-        random_rotations(8, generator=gen(25), dtype=dtype),
-        random_rotations(8, generator=gen(26), dtype=dtype),
-    )
+    R1 = random_rotations(8, generator=gen(25), dtype=dtype)
+    R2 = random_rotations(8, generator=gen(26), dtype=dtype)
+    # float64: the same numbers as wigner_D; float32: the rounded inputs are not exactly rotations, and
+    # off SO(3) the two evaluations (different sample points) may differ at the inputs' precision
+    same = 1e-12 if dtype == F64 else TOL[dtype]
     B = wigner_D_blocks(L, R1)
     mask = torch.zeros(B.shape[-2:], dtype=torch.bool)
     for l in range(L + 1):
         sl = slice(l * l, (l + 1) ** 2)
         mask[sl, sl] = True
-        # float64: the same numbers; float32: the rounded inputs are not exactly rotations, and off SO(3)
-        # the two evaluations (different sample points) may differ at the inputs' precision
-        assert (B[:, sl, sl].double() - wigner_D(l, R1).double()).abs().max() < {F64: 1e-12}.get(
-            dtype, TOL[dtype]
-        )
+        assert (B[:, sl, sl].double() - wigner_D(l, R1).double()).abs().max() < same
     assert torch.all(B[:, ~mask] == 0)  # off-diagonal blocks exactly zero
 
     def blocks(_: int, R: torch.Tensor) -> torch.Tensor:

@@ -26,15 +26,6 @@ TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 B, H, N = 2, 2, 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The CPUs are shared: one intra-op thread is far faster than two oversubscribed ones.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

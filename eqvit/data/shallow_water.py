@@ -173,9 +173,7 @@ def latlon_points(nlat: int, nlon: int, grid: str = "equiangular") -> torch.Tens
     theta = theta.to(torch.float64).reshape(nlat, 1)
     phi = phi.to(torch.float64).reshape(1, nlon)
     sin_t = torch.sin(theta)
-    xyz = torch.stack(
-        (sin_t * torch.cos(phi), sin_t * torch.sin(phi), torch.cos(theta).expand(nlat, nlon)), dim=-1
-    )
+    xyz = torch.stack((sin_t * torch.cos(phi), sin_t * torch.sin(phi), torch.cos(theta).expand(nlat, nlon)), dim=-1)
     return xyz.reshape(nlat * nlon, 3).contiguous()
 
 
@@ -220,9 +218,7 @@ def pack_real_coefficients(spec: torch.Tensor) -> torch.Tensor:
     of :func:`real_sh_basis`.
     """
     if not torch.is_complex(spec) or spec.ndim < 2:
-        raise ValueError(
-            f"expected complex coefficients [..., lmax, mmax], got {spec.dtype} {list(spec.shape)}"
-        )
+        raise ValueError(f"expected complex coefficients [..., lmax, mmax], got {spec.dtype} {list(spec.shape)}")
     lmax, mmax = spec.shape[-2:]
     l_idx, m_idx = _tril_index(lmax, mmax)
     l_idx, m_idx = l_idx.to(spec.device), m_idx.to(spec.device)
@@ -271,9 +267,7 @@ def _dudtspec(solver, uspec: torch.Tensor) -> torch.Tensor:
     d_vrt = -1 * tmpspec[..., 1, :, :]
     tmp = solver.vrtdivspec(uvgrid * ugrid[..., 0:1, :, :])
     d_phi = -1 * tmp[..., 1, :, :]
-    energy = solver.grid2spec(
-        ugrid[..., 0, :, :] + 0.5 * (uvgrid[..., 0, :, :] ** 2 + uvgrid[..., 1, :, :] ** 2)
-    )
+    energy = solver.grid2spec(ugrid[..., 0, :, :] + 0.5 * (uvgrid[..., 0, :, :] ** 2 + uvgrid[..., 1, :, :] ** 2))
     d_div = d_div - solver.lap * energy
     return torch.stack((d_phi, d_vrt, d_div), dim=-3)
 
@@ -458,9 +452,7 @@ class ShallowWaterData:
         scale = torch.sqrt(torch.tensor(4 * torch.pi / llimit / (llimit + 1), device=dev, dtype=ctype))
         uspec[..., :nl, :nm] = scale * torch.randn(n, 3, nl, nm, dtype=ctype, device=dev, generator=gen)
         uspec[:, 0] = s.gravity * s.hamp * uspec[:, 0]
-        uspec[:, 0, 0, 0] += (
-            torch.sqrt(torch.tensor(4 * torch.pi, device=dev, dtype=ctype)) * s.havg * s.gravity
-        )
+        uspec[:, 0, 0, 0] += torch.sqrt(torch.tensor(4 * torch.pi, device=dev, dtype=ctype)) * s.havg * s.gravity
         uspec[:, 1:] = self.config.mach * uspec[:, 1:] * torch.sqrt(s.gravity * s.havg) / s.radius
         return torch.tril(uspec)
 
@@ -568,9 +560,7 @@ class ShallowWaterData:
         mean, std = self.stats
         dim = channel_dim % x.ndim if x.ndim else 0
         if x.ndim == 0 or x.shape[dim] != mean.numel():
-            raise ValueError(
-                f"expected {mean.numel()} channels at dim {channel_dim}, got shape {list(x.shape)}"
-            )
+            raise ValueError(f"expected {mean.numel()} channels at dim {channel_dim}, got shape {list(x.shape)}")
         shape = [1] * x.ndim
         shape[dim] = -1
         return mean.to(x.device).reshape(shape), std.to(x.device).reshape(shape)

@@ -104,12 +104,7 @@ def spherical_triangle_area(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.n
     positive for counter-clockwise triangles seen from outside.
     """
     det = np.einsum("...i,...i->...", a, np.cross(b, c))
-    den = (
-        1
-        + np.einsum("...i,...i->...", a, b)
-        + np.einsum("...i,...i->...", b, c)
-        + np.einsum("...i,...i->...", c, a)
-    )
+    den = 1 + np.einsum("...i,...i->...", a, b) + np.einsum("...i,...i->...", b, c) + np.einsum("...i,...i->...", c, a)
     return 2 * np.arctan2(det, den)
 
 
@@ -213,9 +208,7 @@ def _icosphere(level: int) -> Icosphere:
         vertices, faces = _subdivide(vertices, faces)
     corners = vertices[faces]
     face_areas = spherical_triangle_area(corners[:, 0], corners[:, 1], corners[:, 2])
-    vertex_areas = np.bincount(
-        faces.reshape(-1), weights=np.repeat(face_areas / 3, 3), minlength=len(vertices)
-    )
+    vertex_areas = np.bincount(faces.reshape(-1), weights=np.repeat(face_areas / 3, 3), minlength=len(vertices))
     centroids = corners.sum(1)
     centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
     return Icosphere(

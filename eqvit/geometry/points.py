@@ -80,9 +80,7 @@ class PointIndex:
         """
         queries = np.asarray(queries, dtype=np.float64)
         if queries.ndim != 2 or queries.shape[1] != self.points.shape[1]:
-            raise ValueError(
-                f"expected queries of shape [Q, {self.points.shape[1]}], got {list(queries.shape)}"
-            )
+            raise ValueError(f"expected queries of shape [Q, {self.points.shape[1]}], got {list(queries.shape)}")
         proj = queries @ self.direction
         # The slack covers rounding in the two projections (|x| * eps each).
         scale = max(1.0, float(np.abs(self._sorted).max(initial=0.0)), float(np.abs(proj).max(initial=0.0)))
@@ -138,15 +136,11 @@ class PointIndex:
         matrix = np.asarray(matrix, dtype=np.float64)
         d = self.points.shape[1]
         if matrix.shape != (d, d):
-            raise ValueError(
-                f"expected a [{d}, {d}] matrix for {d}-dimensional points, got {list(matrix.shape)}"
-            )
+            raise ValueError(f"expected a [{d}, {d}] matrix for {d}-dimensional points, got {list(matrix.shape)}")
         perm = self.find(self.points @ matrix.T)
         # Distinct points have distinct images under an invertible matrix; a singular one can merge them.
         if len(np.unique(perm)) != len(perm):
-            raise ValueError(
-                "matrix maps several points onto one point; it is not a permutation of the point set"
-            )
+            raise ValueError("matrix maps several points onto one point; it is not a permutation of the point set")
         return perm
 
 

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 from eqvit.groups.base import FiniteGroup
 from eqvit.groups.homogeneous import HomogeneousSpace
@@ -33,7 +33,7 @@ _PLATONIC = {"T": tetrahedral, "O": octahedral, "I": icosahedral}
 VALID_FORMS = ["C{n}", "D{n}", "T", "O", "I", "trivial"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_group(name: str) -> FiniteGroup:
     """The finite group called ``name``: ``"C{n}"``, ``"D{n}"`` (n >= 1), ``"T"``, ``"O"``, ``"I"``, ``"trivial"``."""
     if not isinstance(name, str):

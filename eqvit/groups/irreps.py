@@ -41,7 +41,9 @@ class Irrep:
         norm = int(round(float(self.character @ self.character) / len(matrices)))
         inferred = _TYPE_OF_NORM.get(norm)
         if inferred is None or (norm > 1 and not _is_division_algebra(commutant_basis(matrices))):
-            raise ValueError(f"irrep {name!r} is reducible: <chi, chi> = {norm} and its commutant is not a division algebra")
+            raise ValueError(
+                f"irrep {name!r} is reducible: <chi, chi> = {norm} and its commutant is not a division algebra"
+            )
         if type is not None and type != inferred:
             raise ValueError(f"irrep {name!r} declared {type!r} but its character says {inferred!r}")
         self.type = inferred
@@ -266,9 +268,7 @@ class Representation:
         ``.multiplicities`` are the D_sigma there.
         """
         if subgroup.parent is not self.group or subgroup.parent_indices is None:
-            raise ValueError(
-                f"expected a subgroup made with {self.group.name}.subgroup(...), got {subgroup!r}"
-            )
+            raise ValueError(f"expected a subgroup made with {self.group.name}.subgroup(...), got {subgroup!r}")
         return Representation.from_matrices(subgroup, self.matrices[subgroup.parent_indices])
 
 

@@ -64,7 +64,9 @@ def planar_irreps(name: str, elements: np.ndarray | None = None) -> list[Irrep]:
     for label, r, t in _irrep_generators(n, dihedral):
         powers = [np.linalg.matrix_power(r, k) for k in range(n)]
         mats = powers + ([p @ t for p in powers] if dihedral else [])
-        irreps.append(Irrep(label, np.stack(mats), type="complex" if label.startswith("E") and not dihedral else "real"))
+        irreps.append(
+            Irrep(label, np.stack(mats), type="complex" if label.startswith("E") and not dihedral else "real")
+        )
     return irreps
 
 

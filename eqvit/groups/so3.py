@@ -64,7 +64,7 @@ def _check_degree(l: int, name: str = "l") -> int:
 
 def _check_rotations(R: Tensor, name: str = "R") -> None:
     if not isinstance(R, torch.Tensor):  # DESIGN.md: all bad input is a ValueError
-        raise ValueError(  # noqa: TRY004
+        raise ValueError(
             f"expected {name} to be a torch.Tensor of shape [..., 3, 3], got {type(R).__name__}"
         )
     if R.dim() < 2 or tuple(R.shape[-2:]) != (3, 3):
@@ -85,10 +85,10 @@ def _work_device(device: torch.device) -> torch.device:
 class _Recursion(NamedTuple):
     """Coefficients of the real solid-harmonic recursion for degrees 0..L.
 
-    In the order m = -l..l, with ``C_m + i S_m = (x + i y)^m`` and ``r2 = |x|^2``:
-    ``Y_l[±l] = top0[l] (S_l | C_l)``, ``Y_l[±(l-1)] = top1[l] z (S_{l-1} | C_{l-1})`` and for |m| <= l-2
-    ``Y_l[m] = a[l][m] z Y_{l-1}[m] - b[l][m] r2 Y_{l-2}[m]`` (the fully normalised associated Legendre
-    recursion; the (x + i y)^m factor depends on m only, so it rides along unchanged).
+    In the order m = -l..l, with ``C_m + i S_m = (x + i y)^m`` and ``r2 = |x|^2``, for l >= 2:
+    ``Y_l[±l] = top0[l-2] (S_l | C_l)``, ``Y_l[±(l-1)] = top1[l-2] z (S_{l-1} | C_{l-1})`` and for
+    |m| <= l-2 ``Y_l[m] = a[l][m] z Y_{l-1}[m] - b[l][m] r2 Y_{l-2}[m]`` (the fully normalised associated
+    Legendre recursion; the (x + i y)^m factor depends on m only, so it rides along unchanged).
     """
 
     c00: float  # Y_0 = 1 / sqrt(4 pi)
@@ -294,11 +294,7 @@ def _float_tensors(*xs: Tensor | float) -> list[Tensor]:
     the tensors' dtype (so ``math.pi`` next to a float64 tensor stays float64 pi, not float32 pi).
     """
     tensors = [x for x in xs if isinstance(x, torch.Tensor)]
-    dtype = (
-        functools.reduce(torch.promote_types, [t.dtype for t in tensors], tensors[0].dtype)
-        if tensors
-        else None
-    )
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors], tensors[0].dtype) if tensors else None
     if dtype is None or not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     device = next((t.device for t in tensors if t.dim() > 0), tensors[0].device if tensors else None)
@@ -347,9 +343,7 @@ def matrix_to_euler_zyz(R: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     north, south = (sin_b <= tol) & (e(2, 2) > 0), (sin_b <= tol) & (e(2, 2) < 0)
     alpha = torch.where(north, s, torch.where(south, d, alpha))
     gamma = torch.where(north | south, torch.zeros_like(gamma), gamma)
-    beta = torch.where(
-        north, torch.zeros_like(beta), torch.where(south, torch.full_like(beta, math.pi), beta)
-    )
+    beta = torch.where(north, torch.zeros_like(beta), torch.where(south, torch.full_like(beta, math.pi), beta))
 
     def wrap(t: Tensor) -> Tensor:
         return torch.remainder(t + math.pi, 2 * math.pi) - math.pi
@@ -378,8 +372,9 @@ def random_rotations(
     """``n`` Haar-uniform rotations ``[n, 3, 3]`` (normalised Gaussian quaternions are uniform on S^3)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"expected n to be a non-negative int, got {n!r}")
-    q = torch.randn((int(n), 4), generator=generator, dtype=dtype, device=device)
-    return _quaternion_to_matrix(q / q.norm(dim=-1, keepdim=True))
+    # draw where the generator lives (a CPU generator cannot fill a CUDA tensor), then move
+    q = torch.randn((int(n), 4), generator=generator, dtype=dtype, device=generator.device if generator else device)
+    return _quaternion_to_matrix(q / q.norm(dim=-1, keepdim=True)).to(device)
 
 
 def rotation_angle(R: Tensor) -> Tensor:
@@ -390,9 +385,7 @@ def rotation_angle(R: Tensor) -> Tensor:
     """
     _check_rotations(R)
     r = R.to(torch.float64)
-    axis = torch.stack(
-        [r[..., 2, 1] - r[..., 1, 2], r[..., 0, 2] - r[..., 2, 0], r[..., 1, 0] - r[..., 0, 1]], dim=-1
-    )
+    axis = torch.stack([r[..., 2, 1] - r[..., 1, 2], r[..., 0, 2] - r[..., 2, 0], r[..., 1, 0] - r[..., 0, 1]], dim=-1)
     cos = (r.diagonal(dim1=-2, dim2=-1).sum(-1) - 1) / 2
     return torch.atan2(axis.norm(dim=-1) / 2, cos).to(R.dtype)
 

@@ -1,7 +1,9 @@
 """Registered models. Importing this package registers every family (in timm's registry too)."""
 
-from eqvit.models import so3vit  # noqa: F401  (registers the SO3ViT family)
-from eqvit.models import baselines  # noqa: F401
+from eqvit.models import (
+    baselines,  # noqa: F401
+    so3vit,  # noqa: F401  (registers the SO3ViT family)
+)
 from eqvit.models._registry import create_model, is_model, list_models, register_model
 from eqvit.models.vit import EquivariantViT
 

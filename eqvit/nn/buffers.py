@@ -23,7 +23,7 @@ class ExactBuffers(nn.Module):
         self._exact_masters[name] = master
         self.register_buffer(name, master.to(torch.get_default_dtype()), persistent=False)
 
-    def __setattr__(self, name: str, value) -> None:  # noqa: ANN001
+    def __setattr__(self, name: str, value) -> None:
         # Assigning a new tensor to an exact buffer replaces its master too, so a later
         # .double() / .to() does not silently restore the old values.
         masters = self.__dict__.get("_exact_masters")
@@ -33,7 +33,7 @@ class ExactBuffers(nn.Module):
 
     _in_apply = False
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001 - torch's signature
+    def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
         object.__setattr__(self, "_in_apply", True)
         try:

@@ -77,7 +77,9 @@ def save_checkpoint(
         "weights": weights.name,
         **(extra or {}),
     }
-    _atomic_write(out_dir / f"{name}.json", lambda tmp: Path(tmp).write_text(json.dumps(sidecar, indent=2, default=str)))
+    _atomic_write(
+        out_dir / f"{name}.json", lambda tmp: Path(tmp).write_text(json.dumps(sidecar, indent=2, default=str))
+    )
     return weights
 
 

@@ -107,7 +107,9 @@ def train(
     ocfg = config.optim
     optimizer = torch.optim.Adam(model.parameters(), lr=ocfg.lr, weight_decay=ocfg.weight_decay)
     plateau = (
-        torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=config.schedule.factor, patience=config.schedule.patience)
+        torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, factor=config.schedule.factor, patience=config.schedule.patience
+        )
         if config.schedule.name == "plateau"
         else None
     )
@@ -143,7 +145,9 @@ def train(
             bar.set_postfix(loss=f"{running:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.1e}")
         if tcfg.eval_every and step % tcfg.eval_every == 0:
             metrics = task.evaluate(model)
-            history.evals.append({"step": step, **{k: v for k, v in _scalars(metrics).items() if not isinstance(v, list)}})
+            history.evals.append(
+                {"step": step, **{k: v for k, v in _scalars(metrics).items() if not isinstance(v, list)}}
+            )
             if plateau is not None:
                 plateau.step(metrics["rel_l2"])
     bar.close()

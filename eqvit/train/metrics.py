@@ -60,8 +60,7 @@ def _spatial_ndim(weights: torch.Tensor) -> int:
         raise TypeError(f"expected weights as a torch.Tensor, got {type(weights).__name__}")
     if weights.ndim not in (1, 2):
         raise ValueError(
-            f"expected weights of shape [V] (point set) or [nlat, nlon] / [nlat, 1] (grid), "
-            f"got {list(weights.shape)}"
+            f"expected weights of shape [V] (point set) or [nlat, nlon] / [nlat, 1] (grid), got {list(weights.shape)}"
         )
     return weights.ndim
 
@@ -72,9 +71,7 @@ def _check_weights(weights: torch.Tensor, spatial: tuple[int, ...]) -> None:
     else:  # a grid: one weight per point, or per latitude row
         ok = len(spatial) == 2 and weights.shape[0] == spatial[0] and weights.shape[1] in (spatial[1], 1)
     if not ok:
-        expected = (
-            f"[{spatial[0]}]" if len(spatial) == 1 else f"[{spatial[0]}, {spatial[1]}] or [{spatial[0]}, 1]"
-        )
+        expected = f"[{spatial[0]}]" if len(spatial) == 1 else f"[{spatial[0]}, {spatial[1]}] or [{spatial[0]}, 1]"
         raise ValueError(
             f"expected weights of shape {expected} for fields of spatial shape {list(spatial)}, "
             f"got {list(weights.shape)}"
@@ -121,9 +118,7 @@ def relative_lp_error(
     if not p >= 1:
         raise ValueError(f"expected p >= 1, got {p!r}")
     if pred.shape != target.shape:
-        raise ValueError(
-            f"expected pred and target of the same shape, got {list(pred.shape)} and {list(target.shape)}"
-        )
+        raise ValueError(f"expected pred and target of the same shape, got {list(pred.shape)} and {list(target.shape)}")
     k = _spatial_ndim(weights)
     if dims is not None:
         expected = tuple(range(-k, 0))
@@ -179,9 +174,7 @@ class SphereErrorMap:
         if pred.ndim not in (3, 4):
             raise ValueError(f"expected [B, C, V] or [B, C, nlat, nlon], got {list(pred.shape)}")
         if self._shape is not None and tuple(pred.shape[1:]) != self._shape:
-            raise ValueError(
-                f"expected samples of shape {list(self._shape)} as before, got {list(pred.shape[1:])}"
-            )
+            raise ValueError(f"expected samples of shape {list(self._shape)} as before, got {list(pred.shape[1:])}")
         diff = (pred.detach().to(torch.float64) - target.detach().to(torch.float64)).abs()
         if self.kind == "squared":
             diff = diff * diff

@@ -61,7 +61,9 @@ def _pose(corners: np.ndarray) -> np.ndarray:
 def icosphere_lifting(input_level: int, patch_level: int) -> IcosphereLifting:
     """The lifting geometry for ``input_level >= patch_level >= 0`` (cached)."""
     if not (0 <= patch_level <= input_level):
-        raise ValueError(f"need 0 <= patch_level <= input_level, got patch_level={patch_level}, input_level={input_level}")
+        raise ValueError(
+            f"need 0 <= patch_level <= input_level, got patch_level={patch_level}, input_level={input_level}"
+        )
     fine, coarse = icosphere(input_level), icosphere(patch_level)
     depth = input_level - patch_level
     n = 2**depth
@@ -73,8 +75,10 @@ def icosphere_lifting(input_level: int, patch_level: int) -> IcosphereLifting:
         candidates = fine.vertices[members]
         for s in range(3):
             corners = coarse.vertices[np.roll(corner_idx, -s)]
-            targets = corners[0] + (lattice[:, :1] / n) * (corners[1] - corners[0]) + (lattice[:, 1:] / n) * (
-                corners[2] - corners[0]
+            targets = (
+                corners[0]
+                + (lattice[:, :1] / n) * (corners[1] - corners[0])
+                + (lattice[:, 1:] / n) * (corners[2] - corners[0])
             )
             targets /= np.linalg.norm(targets, axis=1, keepdims=True)
             # The subdivided vertices sit near (not exactly at) the projected flat lattice;
@@ -147,6 +151,11 @@ class IcosphereUnpatchify(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         B, N, _ = tokens.shape
         taps = self.lifting.taps
-        values = self.proj(tokens).reshape(B, N, self.out_chans, taps).permute(0, 2, 1, 3).reshape(B, self.out_chans, N * taps)
+        values = (
+            self.proj(tokens)
+            .reshape(B, N, self.out_chans, taps)
+            .permute(0, 2, 1, 3)
+            .reshape(B, self.out_chans, N * taps)
+        )
         out = tokens.new_zeros(B, self.out_chans, self.num_vertices).index_add_(2, self.scatter_index, values)
         return out * self.inv_count.to(out.dtype)
