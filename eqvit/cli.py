@@ -31,13 +31,57 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_info(args: argparse.Namespace) -> int:
+    import eqvit
+
+    model = eqvit.create_model(args.model)
+    params = sum(p.numel() for p in model.parameters())
+    group = getattr(model, "group", None)
+    domain = getattr(model, "domain", None)
+    print(f"model        {args.model} ({type(model).__name__})")
+    print(f"parameters   {params:,} ({params / 1e6:.2f}M)")
+    print(f"group        {group.name + f' (order {group.order})' if group is not None else 'none (not equivariant)'}")
+    if domain is not None:
+        shape = ", ".join(str(s) for s in domain.shape)
+        print(f"input        [B, {model.in_chans}, {shape}] on {domain.name}")
+    print(f"output       {getattr(model, 'out_chans', '?')} channels ({getattr(model, 'output_action', 'same')})")
+    for key, value in sorted(getattr(model, "config", {}).items()):
+        print(f"  {key:<20} {value}")
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from eqvit.train.config import load_config
     from eqvit.train.engine import train
 
     config = load_config(args.config)
-    summary = train(config, out_dir=args.out, max_steps=args.max_steps, max_minutes=args.max_minutes)
+    if args.checkpoint_every is not None:
+        config.train.checkpoint_every = args.checkpoint_every
+    if args.device is not None:
+        config.train.device = args.device
+    if args.amp:
+        config.train.amp = True
+    if args.compile:
+        config.train.compile = True
+    summary = train(
+        config, out_dir=args.out, max_steps=args.max_steps, max_minutes=args.max_minutes, resume=args.resume
+    )
     return 0 if summary["steps"] > 0 else 1
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import runpy
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    scripts = sorted(p.stem for p in folder.glob("*.py")) if folder.is_dir() else []
+    if args.name not in scripts:
+        from eqvit.utils import unknown_name_error
+
+        raise unknown_name_error(f"benchmark (in {folder})", args.name, scripts)
+    sys.argv = [str(folder / f"{args.name}.py"), *args.bench_args]
+    runpy.run_path(str(folder / f"{args.name}.py"), run_name="__main__")
+    return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -78,12 +122,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default: train.out of the config)")
     p.add_argument("--max-steps", type=int, help="stop after N steps")
     p.add_argument("--max-minutes", type=float, help="stop after M minutes of training")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/last.safetensors if present")
+    p.add_argument("--checkpoint-every", type=int, help="write a checkpoint every N steps")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="override train.device")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="score a checkpoint on the validation set")
     p.add_argument("config")
     p.add_argument("--checkpoint", required=True, help="path to last.safetensors")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("info", help="parameters, group, input shape and defaults of a model")
+    p.add_argument("model")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("bench", help="run a script from benchmarks/ (extra arguments are passed on)")
+    p.add_argument("name", help="benchmark name, e.g. so3vit_vs_s2transformer")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("check", help="run assert_equivariant on a registered model")
     p.add_argument("model")

@@ -148,14 +148,16 @@ def test_truncated_checkpoint_names_the_file(tmp_path, trained):
         load_checkpoint(weights)
 
 
-def test_missing_checkpoint_and_bad_sidecar(tmp_path, trained):
+def test_missing_checkpoint_and_sidecar_copy(tmp_path, trained):
     with pytest.raises(CheckpointError, match="nothing.safetensors"):
         load_checkpoint(tmp_path / "nothing.safetensors")
     model, _ = trained
     save_checkpoint(tmp_path, model, step=3, config={})
+    # The sidecar inside the safetensors metadata is authoritative; last.json is a readable copy,
+    # so a crash (or damage) after the weights were renamed cannot desynchronise the two.
     (tmp_path / "last.json").write_text("{truncated")
-    with pytest.raises(CheckpointError, match="last.json"):
-        load_checkpoint(tmp_path / "last.safetensors")
+    _, sidecar = load_checkpoint(tmp_path / "last.safetensors")
+    assert sidecar["step"] == 3
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path, trained):

@@ -64,9 +64,7 @@ def _check_degree(l: int, name: str = "l") -> int:
 
 def _check_rotations(R: Tensor, name: str = "R") -> None:
     if not isinstance(R, torch.Tensor):  # DESIGN.md: all bad input is a ValueError
-        raise ValueError(
-            f"expected {name} to be a torch.Tensor of shape [..., 3, 3], got {type(R).__name__}"
-        )
+        raise ValueError(f"expected {name} to be a torch.Tensor of shape [..., 3, 3], got {type(R).__name__}")
     if R.dim() < 2 or tuple(R.shape[-2:]) != (3, 3):
         raise ValueError(f"expected {name} of shape [..., 3, 3], got {list(R.shape)}")
     if not R.is_floating_point():

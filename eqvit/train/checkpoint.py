@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 
@@ -60,26 +60,34 @@ def save_checkpoint(
     metrics: dict[str, Any] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     extra: dict[str, Any] | None = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
     name: str = "last",
 ) -> Path:
-    """Write ``out_dir/{name}.safetensors`` then ``out_dir/{name}.json`` atomically."""
+    """Write ``out_dir/{name}.safetensors`` then ``out_dir/{name}.json`` atomically.
+
+    ``extra_tensors`` (e.g. RNG states) are stored under their own keys; ``extra`` goes into
+    the JSON sidecar. The weights are renamed into place before the sidecar, and the sidecar
+    records the step, so a crash between the two is detected on load.
+    """
     out_dir = Path(out_dir)
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     optim_tensors, optim_plain = _optimizer_tensors(optimizer)
     tensors.update(optim_tensors)
-    weights = out_dir / f"{name}.safetensors"
-    _atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"step": str(step)}))
+    tensors.update({k: v.detach().cpu().contiguous() for k, v in (extra_tensors or {}).items()})
     sidecar = {
         "step": step,
         "config": config,
         "metrics": metrics or {},
         "optimizer": optim_plain,
-        "weights": weights.name,
+        "weights": f"{name}.safetensors",
         **(extra or {}),
     }
-    _atomic_write(
-        out_dir / f"{name}.json", lambda tmp: Path(tmp).write_text(json.dumps(sidecar, indent=2, default=str))
-    )
+    text = json.dumps(sidecar, indent=2, default=str)
+    weights = out_dir / f"{name}.safetensors"
+    # The sidecar also travels inside the safetensors metadata, so the one atomically renamed
+    # file is self-consistent even if a crash hits between the two renames.
+    _atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"eqvit": text}))
+    _atomic_write(out_dir / f"{name}.json", lambda tmp: Path(tmp).write_text(text))
     return weights
 
 
@@ -92,14 +100,33 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        tensors = load_file(str(path))
+        with safe_open(str(path), framework="pt") as fh:
+            tensors = {key: fh.get_tensor(key) for key in fh.keys()}
+            embedded = (fh.metadata() or {}).get("eqvit")
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {err}") from None
     try:
-        sidecar = json.loads(sidecar_path.read_text()) if sidecar_path.is_file() else {}
+        if embedded is not None:
+            sidecar = json.loads(embedded)
+        else:
+            sidecar = json.loads(sidecar_path.read_text()) if sidecar_path.is_file() else {}
     except json.JSONDecodeError as err:
-        raise CheckpointError(f"checkpoint sidecar {sidecar_path} is not valid JSON: {err}") from None
+        raise CheckpointError(f"checkpoint sidecar of {path} is not valid JSON: {err}") from None
     return tensors, sidecar
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], plain: dict[str, Any]
+) -> None:
+    """Rebuild ``optimizer``'s state dict from the ``optim.*`` tensors and the sidecar's plain part."""
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, idx, name = key.split(".", 2)
+            state.setdefault(int(idx), {})[name] = value
+    for idx, entries in plain.get("state", {}).items():
+        state.setdefault(int(idx), {}).update(entries)
+    optimizer.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
 
 
 def load_model_state(model: nn.Module, tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> None:

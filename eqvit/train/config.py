@@ -38,8 +38,7 @@ class DataConfig:
     nlon: int = 128
     dt_hours: float = 1.0
     mach: float = 0.2
-    buffer_size: int = 16
-    steps_per_trajectory: int = 24
+    steps_per_trajectory: int = 1  # 1: a fresh random initial condition per pair (torch-harmonics' example)
     cache_dir: str | None = None
 
 
@@ -70,6 +69,10 @@ class TrainConfig:
     out: str = "runs/default"
     device: str = "cpu"
     threads: int | None = None
+    checkpoint_every: int = 0  # 0: only at the end (and on Ctrl-C)
+    amp: bool = False  # bf16 autocast
+    compile: bool = False  # torch.compile the model
+    sdpa_backend: str | None = None  # GPU only: "flash", "efficient", "math", "cudnn"
 
 
 @dataclass

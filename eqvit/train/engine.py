@@ -1,16 +1,25 @@
-"""A compact training engine: Adam, cosine/plateau schedule, clipping, seeds, tqdm, plots.
+"""The training engine every model family uses.
 
 ``train(config)`` builds the registered model and the task, trains until ``max_steps`` or
-``max_minutes`` (whichever comes first: equal wall-clock comparisons use the latter), evaluates
-against persistence, and writes into ``OUT``: ``last.safetensors`` + ``last.json``,
-``metrics.json``, ``history.csv``, ``loss_curve.png`` and ``error_map.png``.
+``max_minutes`` (whichever comes first; equal wall-clock comparisons use the latter), evaluates
+against persistence, and writes into ``OUT``: ``last.safetensors`` + ``last.json``
+(checkpoint), ``metrics.json``, ``history.csv``, ``evals.json``, ``loss_curve.png`` and
+``error_map.png``.
+
+Resuming (``resume=True``) restores the model, optimiser, LR-schedule, RNG and data-stream
+states, so a run interrupted at any moment and resumed reproduces the uninterrupted loss curve
+(on CPU, same threads). Under ``torchrun`` the model is wrapped in DistributedDataParallel
+(gloo on CPU, nccl on GPU); every rank draws the same global batch and trains on its slice, so
+the same global batch gives the same loss as one process; only rank 0 writes and prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -19,10 +28,18 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch import nn
 from tqdm.auto import tqdm
 
 from eqvit.models import create_model
-from eqvit.train.checkpoint import load_checkpoint, load_model_state, save_checkpoint
+from eqvit.train.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model_state,
+    load_optimizer_state,
+    save_checkpoint,
+)
 from eqvit.train.config import ExperimentConfig, ScheduleConfig
 from eqvit.train.tasks import build_task
 
@@ -44,14 +61,43 @@ def learning_rate(base_lr: float, cfg: ScheduleConfig, progress: float, step: in
 
 @dataclass
 class History:
-    """What a run records: training loss per logged step, and evaluations."""
+    """What a run records: training loss per step, and evaluations."""
 
     train: list[dict[str, float]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
 
 
+@dataclass
+class Distributed:
+    """This process's place in a torchrun job (world size 1 without torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, device: torch.device) -> Distributed:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            return cls()
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+
 def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if not torch.is_tensor(v)}
+
+
+def _eval_row(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {"step": step, **{k: v for k, v in _scalars(metrics).items() if not isinstance(v, list)}}
 
 
 def _plot_history(history: History, persistence_l2: float, path: Path, title: str) -> None:
@@ -61,8 +107,7 @@ def _plot_history(history: History, persistence_l2: float, path: Path, title: st
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    steps = [h["step"] for h in history.train]
-    ax1.plot(steps, [h["loss"] for h in history.train], lw=1)
+    ax1.plot([h["step"] for h in history.train], [h["loss"] for h in history.train], lw=1)
     ax1.set_yscale("log")
     ax1.set_xlabel("step")
     ax1.set_ylabel("train loss (weighted MSE)")
@@ -77,11 +122,277 @@ def _plot_history(history: History, persistence_l2: float, path: Path, title: st
     plt.close(fig)
 
 
-def _summary_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-    lines = [f"{'':<14} {'rel L2':>9} {'rel L1':>9} {'polar ratio':>12}"]
+def summary_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
+    lines = [f"{'':<22} {'rel L2':>9} {'rel L1':>9} {'polar ratio':>12}"]
     for name, m in rows:
-        lines.append(f"{name:<14} {m['rel_l2']:>9.4f} {m['rel_l1']:>9.4f} {m['polar_error_ratio']:>12.3f}")
+        lines.append(f"{name:<22} {m['rel_l2']:>9.4f} {m['rel_l1']:>9.4f} {m['polar_error_ratio']:>12.3f}")
     return "\n".join(lines)
+
+
+class Trainer:
+    """One training run; see the module docstring.
+
+    Args:
+        config: the validated experiment config.
+        out_dir: output folder (default ``config.train.out``).
+        progress: show tqdm and print the summary (rank 0 only).
+    """
+
+    def __init__(self, config: ExperimentConfig, out_dir: str | Path | None = None, progress: bool = True) -> None:
+        self.config = config
+        tcfg = config.train
+        self.out = Path(out_dir or tcfg.out)
+        self.device = torch.device(tcfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("train.device is 'cuda' but no CUDA device is available; use --device cpu")
+        if tcfg.threads:
+            torch.set_num_threads(tcfg.threads)
+        self.dist = Distributed.from_env(self.device)
+        if self.dist.world_size > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.device)
+        if config.data.batch_size % self.dist.world_size:
+            raise ValueError(
+                f"data.batch_size {config.data.batch_size} must be divisible by the {self.dist.world_size} processes"
+            )
+        self.progress = progress and self.dist.is_main
+        seed_everything(tcfg.seed)
+        self.model = create_model(config.model.name, **config.model.kwargs).to(self.device)
+        self.task = build_task(config.data, self.model, self.device)
+        ocfg = config.optim
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=ocfg.lr, weight_decay=ocfg.weight_decay)
+        self.plateau = (
+            torch.optim.lr_scheduler.ReduceLROnPlateau(
+                self.optimizer, factor=config.schedule.factor, patience=config.schedule.patience
+            )
+            if config.schedule.name == "plateau"
+            else None
+        )
+        self.network: nn.Module = self.model
+        if tcfg.compile:
+            self.network = torch.compile(self.network)
+        if self.dist.world_size > 1:
+            self.network = nn.parallel.DistributedDataParallel(
+                self.network, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+        self.step = 0
+        self.history = History()
+        self.elapsed_before = 0.0  # training seconds of earlier (resumed) segments
+        self.writer = self._tensorboard()
+
+    # ------------------------------------------------------------------ state
+    def _tensorboard(self):
+        if not self.dist.is_main:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            return None
+        return SummaryWriter(str(self.out / "tensorboard"))
+
+    def _rng_tensors(self) -> dict[str, torch.Tensor]:
+        return {"rng.torch": torch.get_rng_state(), "rng.data": self.task.data.generator.get_state()}
+
+    def save(self, metrics: dict[str, Any] | None = None) -> None:
+        """Atomically write ``OUT/last.safetensors`` + ``OUT/last.json`` (rank 0)."""
+        if self.dist.is_main:
+            extra = {
+                "history": {"train": self.history.train, "evals": self.history.evals},
+                "elapsed_seconds": self.elapsed_before + self._segment_seconds(),
+                "plateau": self.plateau.state_dict() if self.plateau is not None else None,
+                "world_size": self.dist.world_size,
+            }
+            save_checkpoint(
+                self.out,
+                self.model,
+                step=self.step,
+                config=self.config.to_dict(),
+                metrics=metrics,
+                optimizer=self.optimizer,
+                extra=extra,
+                extra_tensors=self._rng_tensors(),
+            )
+        self.dist.barrier()
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Restore everything from ``path`` (default ``OUT/last.safetensors``); False if absent."""
+        path = Path(path) if path is not None else self.out / "last.safetensors"
+        if not path.is_file():
+            return False
+        tensors, sidecar = load_checkpoint(path)
+        if "step" not in sidecar or "history" not in sidecar:
+            raise CheckpointError(f"checkpoint {path} lacks the training state needed to resume (step, history)")
+        load_model_state(self.model, tensors, str(path))
+        load_optimizer_state(self.optimizer, tensors, sidecar["optimizer"])
+        if self.plateau is not None and sidecar.get("plateau"):
+            self.plateau.load_state_dict(sidecar["plateau"])
+        torch.set_rng_state(tensors["rng.torch"])
+        self.task.data.generator.set_state(tensors["rng.data"])
+        self.step = int(sidecar["step"])
+        self.history = History(sidecar["history"]["train"], sidecar["history"]["evals"])
+        self.elapsed_before = float(sidecar.get("elapsed_seconds", 0.0))
+        return True
+
+    # ------------------------------------------------------------------ loop
+    def _segment_seconds(self) -> float:
+        return time.perf_counter() - self._segment_start if hasattr(self, "_segment_start") else 0.0
+
+    def _local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every rank draws the same global batch (same generator state) and keeps its slice.
+        x, y = self.task.train_batch()
+        if self.dist.world_size == 1:
+            return x, y
+        return x.chunk(self.dist.world_size)[self.dist.rank], y.chunk(self.dist.world_size)[self.dist.rank]
+
+    def _autocast(self):
+        if not self.config.train.amp:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def _sdpa_context(self):
+        backend = self.config.train.sdpa_backend
+        if backend is None or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        names = {
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+        }
+        if backend not in names:
+            raise ValueError(f"unknown sdpa_backend {backend!r}; valid: {', '.join(names)}")
+        return sdpa_kernel(names[backend])
+
+    def train_step(self) -> float:
+        """One optimiser step on one global batch; returns the global loss."""
+        ocfg, tcfg = self.config.optim, self.config.train
+        max_steps, max_minutes = tcfg.max_steps, tcfg.max_minutes
+        elapsed = self.elapsed_before + self._segment_seconds()
+        frac = self.step / max_steps if max_minutes is None else max(self.step / max_steps, elapsed / (60 * max_minutes))
+        if self.plateau is None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate(ocfg.lr, self.config.schedule, frac, self.step)
+        x, y = self._local_batch()
+        with self._autocast(), self._sdpa_context():
+            loss = self.task.loss(self.network(x).float(), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        global_loss = loss.detach()
+        if self.dist.world_size > 1:
+            dist.all_reduce(global_loss)
+            global_loss /= self.dist.world_size
+        value = global_loss.item()
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"loss is {value} at step {self.step + 1}; stopped, the last good checkpoint in {self.out} is kept"
+            )
+        if ocfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), ocfg.grad_clip)
+        self.optimizer.step()
+        self.step += 1
+        return value
+
+    def evaluate(self) -> dict[str, Any]:
+        with self._autocast():
+            return self.task.evaluate(self.model)
+
+    def fit(self, max_steps: int | None = None, max_minutes: float | None = None) -> dict[str, Any]:
+        """Train, then evaluate and write the reports.
+
+        ``max_steps`` stops the run at that step without changing the LR schedule, whose horizon
+        stays ``train.max_steps`` (so ``--max-steps 3`` then ``--resume`` equals one run);
+        ``max_minutes`` overrides ``train.max_minutes`` (a time horizon for the schedule too).
+        """
+        tcfg = self.config.train
+        stop_step = max_steps if max_steps is not None else tcfg.max_steps
+        if max_minutes is not None:
+            tcfg.max_minutes = max_minutes
+        if self.dist.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        persistence = self.task.evaluate(None)
+        num_params = sum(p.numel() for p in self.model.parameters())
+        bar = tqdm(
+            total=stop_step, initial=self.step, desc=self.config.model.name, disable=not self.progress,
+            dynamic_ncols=True,
+        )
+        self._segment_start = time.perf_counter()
+        self.model.train()
+        running = None
+        try:
+            while self.step < stop_step:
+                elapsed = self.elapsed_before + self._segment_seconds()
+                if tcfg.max_minutes is not None and elapsed >= 60 * tcfg.max_minutes:
+                    break
+                loss = self.train_step()
+                running = loss if running is None else 0.9 * running + 0.1 * loss
+                now = self.elapsed_before + self._segment_seconds()
+                self.history.train.append({"step": self.step, "time_s": now, "loss": loss})
+                if self.writer is not None:
+                    self.writer.add_scalar("train/loss", loss, self.step)
+                bar.update(1)
+                if self.step % tcfg.log_every == 0:
+                    rate = self.config.data.batch_size * len(self.history.train) / max(now, 1e-9)
+                    bar.set_postfix(
+                        loss=f"{running:.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.1e}", samples_s=f"{rate:.2f}"
+                    )
+                if tcfg.eval_every and self.step % tcfg.eval_every == 0:
+                    metrics = self.evaluate()
+                    self.history.evals.append(_eval_row(self.step, metrics))
+                    if self.plateau is not None:
+                        self.plateau.step(metrics["rel_l2"])
+                if tcfg.checkpoint_every and self.step % tcfg.checkpoint_every == 0:
+                    self.save()
+        except KeyboardInterrupt:
+            bar.close()
+            self.save()
+            raise
+        bar.close()
+        train_seconds = self.elapsed_before + self._segment_seconds()
+        final = self.evaluate()
+        if not self.history.evals or self.history.evals[-1]["step"] != self.step:
+            self.history.evals.append(_eval_row(self.step, final))
+        summary = {
+            "model": self.config.model.name,
+            "params": num_params,
+            "steps": self.step,
+            "train_seconds": train_seconds,
+            "seconds_per_step": train_seconds / max(len(self.history.train), 1),
+            "world_size": self.dist.world_size,
+            "metrics": _scalars(final),
+            "persistence": _scalars(persistence),
+            "beats_persistence_l2": final["rel_l2"] < persistence["rel_l2"],
+        }
+        self.save(metrics=summary["metrics"])
+        if self.dist.is_main:
+            self._write_reports(summary, final, persistence)
+        return summary
+
+    def _write_reports(self, summary: dict[str, Any], final: dict[str, Any], persistence: dict[str, Any]) -> None:
+        out, name = self.out, self.config.model.name
+        (out / "metrics.json").write_text(json.dumps(summary, indent=2))
+        with open(out / "history.csv", "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=["step", "time_s", "loss"])
+            writer.writeheader()
+            writer.writerows(self.history.train)
+        (out / "evals.json").write_text(json.dumps(self.history.evals, indent=2))
+        _plot_history(self.history, persistence["rel_l2"], out / "loss_curve.png", name)
+        self.task.plot_error_map(final["error_map"], out / "error_map.png", f"{name}: mean |error| over validation")
+        if self.writer is not None:
+            for key in ("rel_l2", "rel_l1", "polar_error_ratio"):
+                self.writer.add_scalar(f"val/{key}", final[key], self.step)
+            self.writer.close()
+        if self.progress:
+            steps_run = len(self.history.train)
+            print(
+                f"\n{name}: {summary['params'] / 1e6:.2f}M params, {self.step} steps "
+                f"({steps_run} logged) in {summary['train_seconds']:.0f} s"
+            )
+            print(summary_table([(name, final), ("persistence", persistence)]))
+            verdict = "beats" if summary["beats_persistence_l2"] else "does NOT beat"
+            print(f"{name} {verdict} persistence in relative L2.")
+            print(f"wrote {out}/last.safetensors (+ last.json), metrics.json, history.csv, loss_curve.png, error_map.png")
 
 
 def train(
@@ -90,96 +401,13 @@ def train(
     max_steps: int | None = None,
     max_minutes: float | None = None,
     progress: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Train ``config``; returns the final metrics (model and persistence)."""
-    tcfg = config.train
-    max_steps = max_steps if max_steps is not None else tcfg.max_steps
-    max_minutes = max_minutes if max_minutes is not None else tcfg.max_minutes
-    out = Path(out_dir or tcfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
-    seed_everything(tcfg.seed)
-    device = torch.device(tcfg.device)
-
-    model = create_model(config.model.name, **config.model.kwargs).to(device)
-    task = build_task(config.data, model, device)
-    ocfg = config.optim
-    optimizer = torch.optim.Adam(model.parameters(), lr=ocfg.lr, weight_decay=ocfg.weight_decay)
-    plateau = (
-        torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, factor=config.schedule.factor, patience=config.schedule.patience
-        )
-        if config.schedule.name == "plateau"
-        else None
-    )
-    persistence = task.evaluate(None)
-    history = History()
-    num_params = sum(p.numel() for p in model.parameters())
-    bar = tqdm(total=max_steps, desc=config.model.name, disable=not progress, dynamic_ncols=True)
-    start = time.perf_counter()
-    step, running = 0, None
-    model.train()
-    while step < max_steps:
-        elapsed = time.perf_counter() - start
-        if max_minutes is not None and elapsed >= 60 * max_minutes:
-            break
-        frac = step / max_steps if max_minutes is None else max(step / max_steps, elapsed / (60 * max_minutes))
-        if plateau is None:
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(ocfg.lr, config.schedule, frac, step)
-        x, y = task.train_batch()
-        loss = task.loss(model(x), y)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at step {step}; stopping (last checkpoint kept)")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if ocfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), ocfg.grad_clip)
-        optimizer.step()
-        step += 1
-        running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
-        history.train.append({"step": step, "time_s": time.perf_counter() - start, "loss": loss.item()})
-        bar.update(1)
-        if step % tcfg.log_every == 0:
-            bar.set_postfix(loss=f"{running:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.1e}")
-        if tcfg.eval_every and step % tcfg.eval_every == 0:
-            metrics = task.evaluate(model)
-            history.evals.append(
-                {"step": step, **{k: v for k, v in _scalars(metrics).items() if not isinstance(v, list)}}
-            )
-            if plateau is not None:
-                plateau.step(metrics["rel_l2"])
-    bar.close()
-    train_seconds = time.perf_counter() - start
-    final = task.evaluate(model)
-    if not history.evals or history.evals[-1]["step"] != step:
-        history.evals.append({"step": step, **{k: v for k, v in _scalars(final).items() if not isinstance(v, list)}})
-
-    summary = {
-        "model": config.model.name,
-        "params": num_params,
-        "steps": step,
-        "train_seconds": train_seconds,
-        "seconds_per_step": train_seconds / max(step, 1),
-        "metrics": _scalars(final),
-        "persistence": _scalars(persistence),
-        "beats_persistence_l2": final["rel_l2"] < persistence["rel_l2"],
-    }
-    save_checkpoint(out, model, step=step, config=config.to_dict(), metrics=summary["metrics"], optimizer=optimizer)
-    (out / "metrics.json").write_text(json.dumps(summary, indent=2))
-    with open(out / "history.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=["step", "time_s", "loss"])
-        writer.writeheader()
-        writer.writerows(history.train)
-    (out / "evals.json").write_text(json.dumps(history.evals, indent=2))
-    _plot_history(history, persistence["rel_l2"], out / "loss_curve.png", config.model.name)
-    task.plot_error_map(final["error_map"], out / "error_map.png", f"{config.model.name}: mean |error| over validation")
-    if progress:
-        print(f"\n{config.model.name}: {num_params / 1e6:.2f}M params, {step} steps in {train_seconds:.0f} s")
-        print(_summary_table([(config.model.name, final), ("persistence", persistence)]))
-        print(f"wrote {out}/last.safetensors, metrics.json, loss_curve.png, error_map.png")
-    return summary
+    """Train ``config`` (optionally resuming from ``OUT/last.safetensors``); returns the summary."""
+    trainer = Trainer(config, out_dir, progress)
+    if resume and not trainer.resume() and trainer.progress:
+        print(f"no checkpoint in {trainer.out}; starting from scratch")
+    return trainer.fit(max_steps, max_minutes)
 
 
 def evaluate_checkpoint(config: ExperimentConfig, checkpoint: str | Path, progress: bool = True) -> dict[str, Any]:
@@ -191,5 +419,5 @@ def evaluate_checkpoint(config: ExperimentConfig, checkpoint: str | Path, progre
     task = build_task(config.data, model, device)
     final, persistence = task.evaluate(model), task.evaluate(None)
     if progress:
-        print(_summary_table([(config.model.name, final), ("persistence", persistence)]))
+        print(summary_table([(config.model.name, final), ("persistence", persistence)]))
     return {"metrics": _scalars(final), "persistence": _scalars(persistence)}

@@ -7,6 +7,7 @@ vertices) and the S2Transformer baseline (lat-lon grid) with the same dynamics.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,11 @@ from torch import nn
 
 from eqvit.train.config import DataConfig
 from eqvit.utils import unknown_name_error
+
+
+def default_cache_dir(cfg: DataConfig) -> Path:
+    """Where fixed validation sets are cached: ``data.cache_dir``, ``$EQVIT_CACHE`` or ~/.cache/eqvit."""
+    return Path(cfg.cache_dir or os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser() / cfg.name
 
 
 class ShallowWaterTask:
@@ -45,21 +51,21 @@ class ShallowWaterTask:
             seed=cfg.seed,
             steps_per_trajectory=cfg.steps_per_trajectory,
         )
-        points = None if self.on_grid else torch.from_numpy(np.asarray(domain.points))
+        points = None if self.on_grid else torch.from_numpy(np.array(domain.points))
         self.data = ShallowWaterData(sw_cfg, points=points)
         if self.on_grid:
             weights = latlon_quadrature_weights(cfg.nlat, cfg.nlon)
-            colat = torch.acos(torch.from_numpy(np.asarray(domain.points))[:, 2].clamp(-1, 1))
+            colat = torch.acos(torch.from_numpy(np.array(domain.points))[:, 2].clamp(-1, 1))
             self.latitudes = (np.pi / 2 - colat).reshape(cfg.nlat, cfg.nlon)[:, 0]
         else:
             if domain.weights is None:
                 raise ValueError(f"{domain.name} has no quadrature weights")
             weights = torch.from_numpy(domain.weights)
             self.latitudes = None
-        self.points = torch.from_numpy(np.asarray(domain.points))
+        self.points = torch.from_numpy(np.array(domain.points))
         self.weights = weights.to(torch.float64)
         self._loss_weights = (self.weights / self.weights.sum()).float().to(device)
-        self.validation = self.data.validation_set(cfg.num_val, seed=cfg.seed + 10_000, cache_dir=cfg.cache_dir)
+        self.validation = self.data.validation_set(cfg.num_val, seed=cfg.seed + 10_000, cache_dir=default_cache_dir(cfg))
 
     def train_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.data.next_batch(self.cfg.batch_size, self.kind)
