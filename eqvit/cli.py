@@ -161,5 +161,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eqvit: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("eqvit: interrupted", file=sys.stderr)
+        print("eqvit: interrupted (a checkpoint was written if training had started)", file=sys.stderr)
         return 130

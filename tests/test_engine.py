@@ -199,3 +199,27 @@ def test_torchrun_two_processes_matches_one_process(tiny_config, tmp_path):
     assert [s for s, _ in ddp] == [1, 2, 3]
     for (_, a), (_, b) in zip(single, ddp):
         assert abs(a - b) <= 1e-4 * abs(a)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tiny_config, tmp_path):
+    out = tmp_path / "interrupted"
+    big = yaml.safe_load(tiny_config.read_text())
+    big["train"]["max_steps"] = 10_000
+    config = tmp_path / "long.yaml"
+    config.write_text(yaml.safe_dump(big))
+    cmd = [sys.executable, "-m", "eqvit", "train", str(config), "--out", str(out)]
+    env = {**os.environ, "EQVIT_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # wait until training runs (the progress bar reports a step), then interrupt
+    deadline = time.time() + 240
+    seen = ""
+    while time.time() < deadline and "1/10000" not in seen and proc.poll() is None:
+        seen += proc.stderr.read(1) or ""
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    from eqvit.train.checkpoint import load_checkpoint
+
+    _, sidecar = load_checkpoint(out / "last.safetensors")
+    assert sidecar["step"] >= 1
