@@ -6,6 +6,7 @@ family modules only register configurations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,6 +39,12 @@ class EquivariantViT(nn.Module):
         domain: the input domain (``.points``, ``.shape``, ``.act``, ``.check``).
         in_chans, out_chans: channel counts, checked on input.
         output_action: ``"same"`` (dense outputs on the input domain) or ``"invariant"``.
+        fused_attn: SDPA (True) or the reference attention path (False) in the default blocks.
+        block_fn: ``block_fn(index, drop_path) -> block`` for families whose blocks act on
+            irrep or regular features; blocks are called as ``block(tokens, rope, num_prefix_tokens)``.
+            Defaults to the plain :class:`~eqvit.nn.layers.Block`.
+        norm_layer: the final norm (default ``nn.LayerNorm(embed_dim)``).
+        num_prefix_tokens: tokens the tokenizer prepends (class tokens), skipped by positional schemes.
         config: the keyword arguments the model was built with (saved in checkpoints).
     """
 
@@ -64,6 +71,9 @@ class EquivariantViT(nn.Module):
         out_chans: int = 3,
         output_action: str = "same",
         fused_attn: bool = True,
+        block_fn: Callable[[int, float], nn.Module] | None = None,
+        norm_layer: nn.Module | None = None,
+        num_prefix_tokens: int = 0,
         config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -82,12 +92,17 @@ class EquivariantViT(nn.Module):
         # Rotary schemes are handed to attention; decided once here, not in forward.
         self.rope = self.posenc if self.posenc.is_rotary else None
         self.pos_drop = nn.Dropout(drop_rate)
+        self.num_prefix_tokens = num_prefix_tokens
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
-        self.blocks = nn.ModuleList(
-            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, drop_rate, attn_drop_rate, rate, fused_attn)
-            for rate in rates
-        )
-        self.norm = nn.LayerNorm(embed_dim)
+        if block_fn is None:
+
+            def block_fn(index: int, rate: float) -> nn.Module:
+                return Block(
+                    embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, drop_rate, attn_drop_rate, rate, fused_attn
+                )
+
+        self.blocks = nn.ModuleList(block_fn(i, rate) for i, rate in enumerate(rates))
+        self.norm = norm_layer if norm_layer is not None else nn.LayerNorm(embed_dim)
         self.head = head
         self.apply(_init_weights)
 
@@ -98,9 +113,15 @@ class EquivariantViT(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Input -> normalised tokens ``[B, N, embed_dim]``."""
         tokens = self.tokenizer(self.input_encoding(x))
-        tokens = self.pos_drop(self.posenc.add_to_tokens(tokens))
+        p = self.num_prefix_tokens
+        tokens = (
+            torch.cat([tokens[:, :p], self.posenc.add_to_tokens(tokens[:, p:])], dim=1)
+            if p
+            else self.posenc.add_to_tokens(tokens)
+        )
+        tokens = self.pos_drop(tokens)
         for block in self.blocks:
-            tokens = block(tokens, self.rope)
+            tokens = block(tokens, self.rope, self.num_prefix_tokens)
         return self.norm(tokens)
 
     def forward_head(self, tokens: torch.Tensor) -> torch.Tensor:
