@@ -177,7 +177,9 @@ class Trainer:
             )
         self.step = 0
         self.history = History()
-        self.elapsed_before = 0.0  # training seconds of earlier (resumed) segments
+        # Seconds spent in training steps (this run and resumed ones); the time budget and the
+        # time-based schedule count only these, so interleaved runs share a machine fairly.
+        self.train_seconds = 0.0
         self.writer = self._tensorboard()
 
     # ------------------------------------------------------------------ state
@@ -198,7 +200,7 @@ class Trainer:
         if self.dist.is_main:
             extra = {
                 "history": {"train": self.history.train, "evals": self.history.evals},
-                "elapsed_seconds": self.elapsed_before + self._segment_seconds(),
+                "elapsed_seconds": self.train_seconds,
                 "plateau": self.plateau.state_dict() if self.plateau is not None else None,
                 "world_size": self.dist.world_size,
             }
@@ -230,13 +232,10 @@ class Trainer:
         self.task.data.generator.set_state(tensors["rng.data"])
         self.step = int(sidecar["step"])
         self.history = History(sidecar["history"]["train"], sidecar["history"]["evals"])
-        self.elapsed_before = float(sidecar.get("elapsed_seconds", 0.0))
+        self.train_seconds = float(sidecar.get("elapsed_seconds", 0.0))
         return True
 
     # ------------------------------------------------------------------ loop
-    def _segment_seconds(self) -> float:
-        return time.perf_counter() - self._segment_start if hasattr(self, "_segment_start") else 0.0
-
     def _local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         # Every rank draws the same global batch (same generator state) and keeps its slice.
         x, y = self.task.train_batch()
@@ -269,8 +268,10 @@ class Trainer:
         """One optimiser step on one global batch; returns the global loss."""
         ocfg, tcfg = self.config.optim, self.config.train
         max_steps, max_minutes = tcfg.max_steps, tcfg.max_minutes
-        elapsed = self.elapsed_before + self._segment_seconds()
-        frac = self.step / max_steps if max_minutes is None else max(self.step / max_steps, elapsed / (60 * max_minutes))
+        elapsed = self.train_seconds
+        frac = (
+            self.step / max_steps if max_minutes is None else max(self.step / max_steps, elapsed / (60 * max_minutes))
+        )
         if self.plateau is None:
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate(ocfg.lr, self.config.schedule, frac, self.step)
@@ -299,44 +300,59 @@ class Trainer:
             return self.task.evaluate(self.model)
 
     def fit(self, max_steps: int | None = None, max_minutes: float | None = None) -> dict[str, Any]:
-        """Train, then evaluate and write the reports.
+        """Train, then evaluate and write the reports (``start``, ``train_for``, ``finish``)."""
+        self.start(max_steps, max_minutes)
+        self.train_for(math.inf)
+        return self.finish()
+
+    def start(self, max_steps: int | None = None, max_minutes: float | None = None) -> None:
+        """Prepare a run: persistence scores, output folder, progress bar.
 
         ``max_steps`` stops the run at that step without changing the LR schedule, whose horizon
         stays ``train.max_steps`` (so ``--max-steps 3`` then ``--resume`` equals one run);
         ``max_minutes`` overrides ``train.max_minutes`` (a time horizon for the schedule too).
         """
         tcfg = self.config.train
-        stop_step = max_steps if max_steps is not None else tcfg.max_steps
+        self.stop_step = max_steps if max_steps is not None else tcfg.max_steps
         if max_minutes is not None:
             tcfg.max_minutes = max_minutes
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-        persistence = self.task.evaluate(None)
-        num_params = sum(p.numel() for p in self.model.parameters())
-        bar = tqdm(
-            total=stop_step, initial=self.step, desc=self.config.model.name, disable=not self.progress,
+        self.persistence = self.task.evaluate(None)
+        self.bar = tqdm(
+            total=self.stop_step,
+            initial=self.step,
+            desc=self.config.model.name,
+            disable=not self.progress,
             dynamic_ncols=True,
         )
-        self._segment_start = time.perf_counter()
+        self._running: float | None = None
+
+    @property
+    def done(self) -> bool:
+        tcfg = self.config.train
+        out_of_time = tcfg.max_minutes is not None and self.train_seconds >= 60 * tcfg.max_minutes
+        return self.step >= self.stop_step or out_of_time
+
+    def train_for(self, seconds: float) -> bool:
+        """Train for about ``seconds`` of step time (or until done); returns ``done``."""
+        tcfg = self.config.train
+        until = self.train_seconds + seconds
         self.model.train()
-        running = None
         try:
-            while self.step < stop_step:
-                elapsed = self.elapsed_before + self._segment_seconds()
-                if tcfg.max_minutes is not None and elapsed >= 60 * tcfg.max_minutes:
-                    break
+            while not self.done and self.train_seconds < until:
+                begin = time.perf_counter()
                 loss = self.train_step()
-                running = loss if running is None else 0.9 * running + 0.1 * loss
-                now = self.elapsed_before + self._segment_seconds()
-                self.history.train.append({"step": self.step, "time_s": now, "loss": loss})
+                self.train_seconds += time.perf_counter() - begin
+                self._running = loss if self._running is None else 0.9 * self._running + 0.1 * loss
+                self.history.train.append({"step": self.step, "time_s": self.train_seconds, "loss": loss})
                 if self.writer is not None:
                     self.writer.add_scalar("train/loss", loss, self.step)
-                bar.update(1)
+                self.bar.update(1)
                 if self.step % tcfg.log_every == 0:
-                    rate = self.config.data.batch_size * len(self.history.train) / max(now, 1e-9)
-                    bar.set_postfix(
-                        loss=f"{running:.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.1e}", samples_s=f"{rate:.2f}"
-                    )
+                    rate = self.config.data.batch_size * len(self.history.train) / max(self.train_seconds, 1e-9)
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    self.bar.set_postfix(loss=f"{self._running:.4f}", lr=f"{lr:.1e}", samples_s=f"{rate:.2f}")
                 if tcfg.eval_every and self.step % tcfg.eval_every == 0:
                     metrics = self.evaluate()
                     self.history.evals.append(_eval_row(self.step, metrics))
@@ -345,28 +361,31 @@ class Trainer:
                 if tcfg.checkpoint_every and self.step % tcfg.checkpoint_every == 0:
                     self.save()
         except KeyboardInterrupt:
-            bar.close()
+            self.bar.close()
             self.save()
             raise
-        bar.close()
-        train_seconds = self.elapsed_before + self._segment_seconds()
+        return self.done
+
+    def finish(self) -> dict[str, Any]:
+        """Final evaluation, checkpoint and reports; returns the summary."""
+        self.bar.close()
         final = self.evaluate()
         if not self.history.evals or self.history.evals[-1]["step"] != self.step:
             self.history.evals.append(_eval_row(self.step, final))
         summary = {
             "model": self.config.model.name,
-            "params": num_params,
+            "params": sum(p.numel() for p in self.model.parameters()),
             "steps": self.step,
-            "train_seconds": train_seconds,
-            "seconds_per_step": train_seconds / max(len(self.history.train), 1),
+            "train_seconds": self.train_seconds,
+            "seconds_per_step": self.train_seconds / max(len(self.history.train), 1),
             "world_size": self.dist.world_size,
             "metrics": _scalars(final),
-            "persistence": _scalars(persistence),
-            "beats_persistence_l2": final["rel_l2"] < persistence["rel_l2"],
+            "persistence": _scalars(self.persistence),
+            "beats_persistence_l2": final["rel_l2"] < self.persistence["rel_l2"],
         }
         self.save(metrics=summary["metrics"])
         if self.dist.is_main:
-            self._write_reports(summary, final, persistence)
+            self._write_reports(summary, final, self.persistence)
         return summary
 
     def _write_reports(self, summary: dict[str, Any], final: dict[str, Any], persistence: dict[str, Any]) -> None:
@@ -392,7 +411,9 @@ class Trainer:
             print(summary_table([(name, final), ("persistence", persistence)]))
             verdict = "beats" if summary["beats_persistence_l2"] else "does NOT beat"
             print(f"{name} {verdict} persistence in relative L2.")
-            print(f"wrote {out}/last.safetensors (+ last.json), metrics.json, history.csv, loss_curve.png, error_map.png")
+            print(
+                f"wrote {out}/last.safetensors (+ last.json), metrics.json, history.csv, loss_curve.png, error_map.png"
+            )
 
 
 def train(

@@ -1,0 +1,51 @@
+"""Equivariant LayerNorm for irrep-wise features.
+
+``x -> gamma * (x - m) / sqrt(mean(|x - m|^2) + eps) + beta``: the mean ``m`` is taken over the
+trivial-irrep channels only (and subtracted from them), the scale is the invariant norm of the
+whole token (all representation matrices are orthogonal), ``gamma`` is one scalar per irrep copy
+(it commutes with rho) and ``beta`` lives on the trivial irrep only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.irrep_features import FeatureType
+
+
+class IrrepLayerNorm(ExactBuffers):
+    """Equivariant LayerNorm on ``[..., ftype.dim]``.
+
+    Args:
+        ftype: the feature type.
+        eps: added to the mean square.
+        center: coordinates whose mean is subtracted (default: all trivial-irrep coordinates; a
+            restricted model passes the image of its parent's trivial coordinates).
+    """
+
+    def __init__(self, ftype: FeatureType, eps: float = 1e-6, center: np.ndarray | None = None) -> None:
+        super().__init__()
+        self.ftype = ftype
+        self.eps = eps
+        center = ftype.trivial_index if center is None else np.asarray(center, dtype=np.int64)
+        mask = np.zeros(ftype.dim)
+        mask[center] = 1.0 / max(len(center), 1)
+        self.register_exact_buffer("center_weights", torch.from_numpy(mask))
+        self.register_buffer("center_mask", torch.from_numpy(mask > 0), persistent=False)
+        self.register_buffer("copy_index", torch.from_numpy(ftype.copy_index), persistent=False)
+        self.register_buffer("bias_index", torch.from_numpy(ftype.trivial_index), persistent=False)
+        self.weight = nn.Parameter(torch.ones(len(ftype.copies)))
+        self.bias = nn.Parameter(torch.zeros(len(ftype.trivial_index)))
+
+    def extra_repr(self) -> str:
+        return f"{self.ftype}, eps={self.eps}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = (x * self.center_weights).sum(-1, keepdim=True)
+        x = torch.where(self.center_mask, x - mean, x)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        x = x * self.weight[self.copy_index]
+        return x.index_add(-1, self.bias_index, self.bias.expand(*x.shape[:-1], -1))
