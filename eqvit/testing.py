@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -84,11 +83,6 @@ def describe_element(matrix: np.ndarray) -> str:
         axis = v[:, np.argmax(w)]
     axis = axis / np.linalg.norm(axis)
     return f"rot {angle:.1f}deg [{axis[0]:+.2f},{axis[1]:+.2f},{axis[2]:+.2f}]"
-
-
-def permutation_action(domain: Any) -> Action:
-    """The action on fields over ``domain`` (which has ``.act(matrix, x)``)."""
-    return domain.act
 
 
 def invariant_action(matrix: np.ndarray, x: torch.Tensor) -> torch.Tensor:
