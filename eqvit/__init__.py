@@ -6,7 +6,8 @@
 
 from eqvit import groups
 from eqvit.models import EquivariantViT, create_model, list_models, register_model
+from eqvit.models.restrict import restrict
 
 __version__ = "0.1.0"
 
-__all__ = ["EquivariantViT", "__version__", "create_model", "groups", "list_models", "register_model"]
+__all__ = ["EquivariantViT", "__version__", "create_model", "groups", "list_models", "register_model", "restrict"]

@@ -85,6 +85,13 @@ def random_input(model: nn.Module, batch: int = 2, dtype: torch.dtype = torch.fl
     return torch.randn(batch, model.in_chans, *model.domain.shape, generator=gen, dtype=torch.float64).to(dtype)
 
 
+def output_shape(model: nn.Module, batch: int) -> tuple[int, ...]:
+    """Dense models output a field on the input domain; invariant ones (classifiers) one vector per sample."""
+    if getattr(model, "output_action", "same") == "invariant":
+        return (batch, model.out_chans)
+    return (batch, model.out_chans, *model.domain.shape)
+
+
 def _z_rotations(group) -> np.ndarray:
     return np.abs(group.elements[:, :, 2] - np.array([0.0, 0.0, 1.0])).max(-1) < 1e-9
 
@@ -103,7 +110,7 @@ def test_forward_backward(name):
     model = randomise_(build(name)).train()
     x = random_input(model)
     out = model(x)
-    assert out.shape == (2, model.out_chans, *model.domain.shape)
+    assert out.shape == output_shape(model, 2)
     assert torch.isfinite(out).all()
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
     (out * weights).sum().backward()
@@ -122,7 +129,7 @@ def test_forward_as_built(name):
     x = random_input(model, batch=1)
     with torch.no_grad():
         a, b = model(x), model(x)
-    assert a.shape == (1, model.out_chans, *model.domain.shape)
+    assert a.shape == output_shape(model, 1)
     assert torch.isfinite(a).all() and torch.equal(a, b)
 
 

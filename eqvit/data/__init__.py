@@ -3,6 +3,10 @@
 import importlib
 
 _LAZY = {
+    "ImageFolderDataset": "images",
+    "SquareToHex": "images",
+    "image_folder_split": "images",
+    "rotated_mnist": "images",
     "ShallowWaterConfig": "shallow_water",
     "ShallowWaterData": "shallow_water",
     "ShallowWaterStream": "shallow_water",
@@ -10,7 +14,17 @@ _LAZY = {
     "latlon_points": "shallow_water",
 }
 
-__all__ = ["ShallowWaterConfig", "ShallowWaterData", "ShallowWaterStream", "ValidationSet", "latlon_points"]
+__all__ = [
+    "ImageFolderDataset",
+    "ShallowWaterConfig",
+    "ShallowWaterData",
+    "ShallowWaterStream",
+    "SquareToHex",
+    "ValidationSet",
+    "image_folder_split",
+    "latlon_points",
+    "rotated_mnist",
+]
 
 
 def __getattr__(name):

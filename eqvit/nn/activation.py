@@ -93,7 +93,9 @@ class FourierActivation(ExactBuffers):
         self.act = act if act is not None else nn.GELU()
 
     @classmethod
-    def from_spaces(cls, group: FiniteGroup, spaces: Sequence[SpaceSpec], act: nn.Module | None = None) -> FourierActivation:
+    def from_spaces(
+        cls, group: FiniteGroup, spaces: Sequence[SpaceSpec], act: nn.Module | None = None
+    ) -> FourierActivation:
         ftype, basis, _ = homogeneous_fourier_basis(group, spaces)
         return cls(ftype, basis, act)
 

@@ -58,9 +58,7 @@ class FeatureType:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, FeatureType)
-            and other.group is self.group
-            and other.multiplicities == self.multiplicities
+            isinstance(other, FeatureType) and other.group is self.group and other.multiplicities == self.multiplicities
         )
 
     def __hash__(self) -> int:
@@ -122,7 +120,7 @@ class FeatureType:
     def representation(self) -> np.ndarray:
         """float64 ``[order, dim, dim]``: ``blockdiag_rho(I_{C_rho} (x) rho(g))``."""
         out = np.zeros((self.group.order, self.dim, self.dim))
-        for i, rho, c, sl in self.blocks():
+        for _i, rho, c, sl in self.blocks():
             out[:, sl, sl] = np.einsum("ab,gde->gadbe", np.eye(c), rho.matrices).reshape(
                 self.group.order, c * rho.dim, c * rho.dim
             )
@@ -131,4 +129,4 @@ class FeatureType:
 
     def act(self, g: int, x: torch.Tensor) -> torch.Tensor:
         """Group element ``g`` (an index) applied to features ``x [..., dim]``."""
-        return x @ torch.as_tensor(self.representation[g], dtype=x.dtype, device=x.device).T
+        return x @ torch.tensor(self.representation[g], dtype=x.dtype, device=x.device).T

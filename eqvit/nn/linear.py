@@ -84,7 +84,9 @@ class IrrepLinear(ExactBuffers):
         return F.linear(x, self.weight_matrix(), self.bias_vector())
 
     @torch.no_grad()
-    def load_dense_(self, W: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor | None = None, atol: float = 1e-8) -> None:
+    def load_dense_(
+        self, W: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor | None = None, atol: float = 1e-8
+    ) -> None:
         """Set the parameters from a dense equivariant ``W [out.dim, in.dim]`` (and bias ``b``).
 
         Projects ``W`` onto the irrep-wise parametrisation and raises ValueError if the rest is not

@@ -60,7 +60,7 @@ class ShallowWaterTask:
         else:
             if domain.weights is None:
                 raise ValueError(f"{domain.name} has no quadrature weights")
-            weights = torch.from_numpy(domain.weights)
+            weights = torch.from_numpy(np.array(domain.weights))
             self.latitudes = None
         self.points = torch.from_numpy(np.array(domain.points))
         self.weights = weights.to(torch.float64)

@@ -1,0 +1,142 @@
+"""Equivariant multi-head self-attention on irrep-wise features (O(2) seed, Sec. 4.4).
+
+Ordinary multi-head attention with respect to a G-invariant inner product and a G-stable orthogonal
+decomposition ``V = V_1 (+) ... (+) V_h`` into heads: the scores ``<P_r q(a), P_r k(b)>`` are
+invariant, the values transform like V. With orthogonal irrep matrices the Euclidean inner product
+is invariant, and a head is any set of whole irrep copies (a G-stable coordinate subspace), so a
+head layout is a list of coordinate index arrays. Two layouts of the seed:
+
+* *coupled*: ``V_r = (+)_rho R^{C_rho / h} (x) V_rho`` -- every head holds copies of every irrep;
+* *irrep-wise*: ``V = (+)_rho (+)_{r=1}^{h} R^{C_rho / h} (x) V_rho`` -- each head holds one irrep
+  (here ``h`` heads per irrep, so ``h * #irreps`` heads in all).
+
+Heads of equal size go through one ``F.scaled_dot_product_attention`` call (one call for coupled,
+one per head size for irrep-wise); q/k/v and the output projection are :class:`IrrepLinear`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.linear import IrrepLinear
+
+ATTENTION_LAYOUTS = ("coupled", "irrepwise")
+
+
+def coupled_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
+    """Head r holds copies ``[r C_rho / h, (r + 1) C_rho / h)`` of every irrep."""
+    bad = [rho.name for _, rho, c, _ in ftype.blocks() if c % num_heads]
+    if bad:
+        raise ValueError(
+            f"coupled attention with {num_heads} heads needs every multiplicity divisible by {num_heads}; "
+            f"{ftype} has irreps {bad} that are not"
+        )
+    heads = []
+    for r in range(num_heads):
+        idx = []
+        for _, rho, c, sl in ftype.blocks():
+            per = c // num_heads
+            idx.append(np.arange(sl.start + r * per * rho.dim, sl.start + (r + 1) * per * rho.dim))
+        heads.append(np.concatenate(idx))
+    return heads
+
+
+def irrepwise_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
+    """``num_heads`` heads per irrep, each holding ``C_rho / num_heads`` copies of that irrep only."""
+    bad = [rho.name for _, rho, c, _ in ftype.blocks() if c % num_heads]
+    if bad:
+        raise ValueError(
+            f"irrep-wise attention with {num_heads} heads per irrep needs every multiplicity divisible by "
+            f"{num_heads}; {ftype} has irreps {bad} that are not"
+        )
+    heads = []
+    for _, rho, c, sl in ftype.blocks():
+        size = c // num_heads * rho.dim
+        heads += [np.arange(sl.start + r * size, sl.start + (r + 1) * size) for r in range(num_heads)]
+    return heads
+
+
+def head_layout(ftype: FeatureType, num_heads: int, attention: str) -> list[np.ndarray]:
+    if attention == "coupled":
+        return coupled_heads(ftype, num_heads)
+    if attention == "irrepwise":
+        return irrepwise_heads(ftype, num_heads)
+    raise ValueError(f"unknown attention layout {attention!r}; valid: {', '.join(ATTENTION_LAYOUTS)}")
+
+
+def check_heads(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
+    """ValueError unless the heads partition the coordinates into unions of whole irrep copies."""
+    flat = np.concatenate([np.asarray(h) for h in heads]) if len(heads) else np.zeros(0, dtype=np.int64)
+    if len(flat) != ftype.dim or not np.array_equal(np.sort(flat), np.arange(ftype.dim)):
+        raise ValueError(f"heads must partition the {ftype.dim} coordinates of {ftype}")
+    copy = ftype.copy_index
+    for h in heads:
+        members = np.unique(copy[h])
+        if sum(len(ftype.copies[m][2]) for m in members) != len(h):
+            raise ValueError("every head must hold whole irrep copies (a G-stable subspace)")
+
+
+class IrrepAttention(nn.Module):
+    """Equivariant self-attention ``[B, N, V.dim] -> [B, N, V.dim]``.
+
+    Args:
+        ftype: token feature type V.
+        heads: coordinate index arrays, a G-stable orthogonal decomposition (:func:`head_layout`).
+        qkv_bias: biases (trivial irrep) in q, k, v.
+        attn_drop: dropout on the attention probabilities.
+        fused: SDPA (True) or the explicit reference ``softmax(q k^T / sqrt(d)) v`` (False).
+    """
+
+    def __init__(
+        self,
+        ftype: FeatureType,
+        heads: Sequence[np.ndarray],
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        fused: bool = True,
+    ) -> None:
+        super().__init__()
+        check_heads(ftype, heads)
+        self.ftype = ftype
+        self.heads = [np.asarray(h, dtype=np.int64) for h in heads]
+        self.num_heads = len(self.heads)
+        self.fused = fused
+        self.attn_drop = attn_drop
+        self.q = IrrepLinear(ftype, ftype, qkv_bias)
+        self.k = IrrepLinear(ftype, ftype, qkv_bias)
+        self.v = IrrepLinear(ftype, ftype, qkv_bias)
+        self.proj = IrrepLinear(ftype, ftype)
+        sizes = sorted({len(h) for h in self.heads})
+        self._groups = len(sizes)
+        for n, size in enumerate(sizes):
+            idx = np.stack([h for h in self.heads if len(h) == size])  # [h_s, size]
+            self.register_buffer(f"head_index_{n}", torch.as_tensor(idx), persistent=False)
+
+    def extra_repr(self) -> str:
+        sizes = [len(h) for h in self.heads]
+        return f"{self.num_heads} heads of sizes {sizes}, fused={self.fused}"
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        dropout = self.attn_drop if self.training else 0.0
+        if self.fused:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        attn = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+        attn = F.dropout(attn.softmax(dim=-1), dropout, self.training)
+        return attn @ v
+
+    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        if rope is not None:
+            raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        out = torch.empty_like(v)
+        for n in range(self._groups):
+            idx = getattr(self, f"head_index_{n}")  # [h, s]
+            qh, kh, vh = (t[..., idx].transpose(1, 2) for t in (q, k, v))  # [B, h, N, s]
+            out[..., idx] = self._attend(qh, kh, vh).transpose(1, 2)
+        return self.proj(out)

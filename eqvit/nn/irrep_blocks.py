@@ -1,0 +1,124 @@
+"""Transformer block, MLP and invariant classification head on irrep-wise features (O(2) seed, Sec. 4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from eqvit.nn.activation import FourierActivation
+from eqvit.nn.irrep_attention import IrrepAttention
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.layers import DropPath
+from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.norm import IrrepLayerNorm
+
+
+class IrrepMlp(nn.Module):
+    """``l2 o FT sigma FT^-1 o l1`` with hidden features ``C(X, R)`` (Sec. 4.3.2)."""
+
+    def __init__(self, ftype: FeatureType, activation: FourierActivation) -> None:
+        super().__init__()
+        self.fc1 = IrrepLinear(ftype, activation.ftype)
+        self.act = activation
+        self.fc2 = IrrepLinear(activation.ftype, ftype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class IrrepBlock(nn.Module):
+    """Pre-norm block ``x + attn(norm(x))``, ``x + mlp(norm(x))``; every part G-equivariant.
+
+    Args:
+        ftype: token feature type V.
+        heads: attention head layout (coordinate index arrays).
+        activation: the MLP's Fourier nonlinearity (fixes the hidden type).
+        drop_path, attn_drop: regularisation.
+        fused: SDPA or the reference attention path.
+        norm_centers: optional ``(norm1, norm2)`` centring coordinates (restricted models).
+    """
+
+    def __init__(
+        self,
+        ftype: FeatureType,
+        heads: Sequence[np.ndarray],
+        activation: FourierActivation,
+        drop_path: float = 0.0,
+        attn_drop: float = 0.0,
+        qkv_bias: bool = True,
+        fused: bool = True,
+        norm_centers: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
+    ) -> None:
+        super().__init__()
+        self.norm1 = IrrepLayerNorm(ftype, center=norm_centers[0])
+        self.attn = IrrepAttention(ftype, heads, qkv_bias=qkv_bias, attn_drop=attn_drop, fused=fused)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = IrrepLayerNorm(ftype, center=norm_centers[1])
+        self.mlp = IrrepMlp(ftype, activation)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x), rope, num_prefix_tokens))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class InvariantHead(nn.Module):
+    """Class token -> invariants -> logits (Sec. 4.5, eq. 15).
+
+    ``cls -> cls_trivial (+) (|cls_{rho, c}|)_{rho != trivial, c}``, then dropout and a linear
+    classifier. A restricted model passes its parent's grouping: ``trivial`` coordinates and
+    ``groups`` (coordinate sets whose Euclidean norms are taken).
+
+    Args:
+        ftype: token feature type V.
+        num_classes: logits.
+        drop: dropout before the classifier.
+    """
+
+    def __init__(
+        self,
+        ftype: FeatureType,
+        num_classes: int,
+        drop: float = 0.0,
+        trivial: np.ndarray | None = None,
+        groups: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        super().__init__()
+        if trivial is None:
+            trivial = ftype.trivial_index
+        if groups is None:
+            groups = [idx for i, _, idx in ftype.copies if not ftype.irreps[i].is_trivial]
+        self.trivial = np.asarray(trivial, dtype=np.int64)
+        self.groups = [np.asarray(g, dtype=np.int64) for g in groups]
+        self.register_buffer("trivial_index", torch.from_numpy(self.trivial.copy()), persistent=False)
+        sizes = sorted({len(g) for g in groups})
+        self._norm_groups = len(sizes)
+        self._group_order = []
+        for n, size in enumerate(sizes):
+            members = [k for k, g in enumerate(groups) if len(g) == size]
+            self._group_order += members
+            idx = np.stack([np.asarray(groups[k], dtype=np.int64) for k in members])
+            self.register_buffer(f"group_index_{n}", torch.as_tensor(idx), persistent=False)
+        # Invariants are computed grouped by size; this puts them back in ``groups`` order.
+        self.register_buffer(
+            "group_perm", torch.as_tensor(np.argsort(np.asarray(self._group_order, dtype=np.int64))), persistent=False
+        )
+        self.num_invariants = len(trivial) + len(groups)
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(self.num_invariants, num_classes)
+
+    def invariants(self, cls: torch.Tensor) -> torch.Tensor:
+        norms = [
+            torch.linalg.vector_norm(cls[..., getattr(self, f"group_index_{n}")], dim=-1)
+            for n in range(self._norm_groups)
+        ]
+        parts = [cls[..., self.trivial_index]]
+        if norms:
+            parts.append(torch.cat(norms, dim=-1)[..., self.group_perm])
+        return torch.cat(parts, dim=-1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(self.invariants(tokens[:, 0])))

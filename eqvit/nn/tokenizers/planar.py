@@ -1,0 +1,160 @@
+"""Equivariant patch embedding on G-patchified grids (O(2) seed, Def. 3, Sec. 4.2.1).
+
+A G-patchified grid is ``H0 = U + H`` with ``U`` (base patch) and ``H`` (patch centres) both
+G-stable. The unfold ``P: C(H0, R^c) -> C(H, C(U, R^c))`` is G-equivariant (eq. 6); each patch is
+then mapped by one G-equivariant linear map ``C(U, R^c) -> V`` (eq. 7). The map goes through a
+precomputed irrep-adapted orthonormal basis ``E^rho_{alpha j}`` of ``C(U, R)`` (the decomposition of
+U's permutation representation), so ``C(U, R^c)`` becomes an irrep-wise feature type with
+``c * nu_rho`` copies of rho, and the learnable part is an :class:`~eqvit.nn.linear.IrrepLinear`
+(its weights are the seed's ``K^rho``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eqvit.geometry.points import permutations_for
+from eqvit.groups import FiniteGroup
+from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.linear import IrrepLinear
+
+
+def permutation_fourier_basis(group: FiniteGroup, perms: np.ndarray) -> tuple[list, np.ndarray]:
+    """Irrep decomposition of a permutation representation, orbit by orbit.
+
+    Each orbit of ``perms [order, K]`` (``perms[g, k]`` = image of point k) is a homogeneous space
+    G/S with S the stabiliser of its first point, so its block of the basis is that space's
+    Fourier basis (``HomogeneousSpace.fourier_basis``) with cosets ``g S`` placed at ``g . u0``.
+
+    Returns:
+        ``(irreps, Q)``: ``Q [K, K]`` orthogonal, its columns grouped by irrep copy in the order
+        of ``irreps``, with ``P(g) Q = Q blockdiag(irreps(g))``.
+    """
+    K = perms.shape[1]
+    seen = np.zeros(K, dtype=bool)
+    irreps, blocks = [], []
+    for u0 in range(K):
+        if seen[u0]:
+            continue
+        stabiliser = np.flatnonzero(perms[:, u0] == u0)
+        space = group.homogeneous_space(stabiliser)
+        points = perms[space.representatives, u0]  # coset x = g_x S sits at g_x . u0
+        seen[points] = True
+        block = np.zeros((K, space.size))
+        block[points] = space.fourier_basis
+        irreps += space.representation.irreps
+        blocks.append(block)
+    return irreps, np.concatenate(blocks, axis=1)
+
+
+def patch_filter_basis(group: FiniteGroup, offsets: np.ndarray, in_chans: int) -> tuple[FeatureType, np.ndarray]:
+    """The irrep-adapted filter basis of ``C(U, R^in_chans)``.
+
+    Returns:
+        ``(ftype, B)``: ``ftype`` has ``in_chans * nu_rho`` copies of rho and ``B [ftype.dim,
+        in_chans * K]`` is orthogonal with ``B @ patch`` the irrep coefficients of a patch
+        flattened channel-major (``patch[c * K + k]``); ``B P_U(g) = ftype.rep(g) B``.
+    """
+    perms = permutations_for(offsets, group.elements)
+    rep_irreps, Q = permutation_fourier_basis(group, perms)  # columns = E^rho_{alpha j} by irrep copy
+    K = len(offsets)
+    nu = {rho.name: 0 for rho in group.irreps}
+    for rho in rep_irreps:
+        nu[rho.name] += 1
+    ftype = FeatureType(group, {name: in_chans * n for name, n in nu.items()})
+    names = [rho.name for rho in group.irreps]
+    cols: dict[str, list[int]] = {name: [] for name in names}  # first column of each copy
+    col = 0
+    for rho in rep_irreps:
+        cols[rho.name].append(col)
+        col += rho.dim
+    B = np.zeros((ftype.dim, in_chans * K))
+    for _i, rho, _, sl in ftype.blocks():
+        n = nu[rho.name]
+        for c in range(in_chans):
+            for a, first in enumerate(cols[rho.name]):
+                row = sl.start + (c * n + a) * rho.dim
+                B[row : row + rho.dim, c * K : (c + 1) * K] = Q[:, first : first + rho.dim].T
+    return ftype, B
+
+
+class GroupPatchEmbed(ExactBuffers):
+    """``patches [B, M, in_chans * K] -> tokens [B, M, out_type.dim]`` (eq. 7).
+
+    Args:
+        group: G (must map ``offsets`` onto itself).
+        offsets: ``[K, 2]`` base-patch pixel offsets U.
+        in_chans: input channels.
+        out_type: token feature type V.
+    """
+
+    def __init__(self, group: FiniteGroup, offsets: np.ndarray, in_chans: int, out_type: FeatureType) -> None:
+        super().__init__()
+        self.in_type, basis = patch_filter_basis(group, offsets, in_chans)
+        self.register_exact_buffer("filter_basis", torch.from_numpy(basis))
+        self.proj = IrrepLinear(self.in_type, out_type)
+        self.out_type = out_type
+
+    def filters(self) -> torch.Tensor:
+        """``[out.dim, in_chans * K]`` the learned filters ``F = W E`` (seed, Sec. 4.2.1)."""
+        return self.proj.weight_matrix() @ self.filter_basis
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        return F.linear(patches, self.filters(), self.proj.bias_vector())
+
+
+class PlanarTokenizer(nn.Module):
+    """Unfold (eq. 6), equivariant patch embedding (eq. 7) and a class token in the trivial irreps (Sec. 4.5).
+
+    Args:
+        group: G.
+        offsets: ``[K, 2]`` base patch U.
+        centers: ``[M, 2]`` patch centres H (token order).
+        patch_index: ``[M, K]`` input point read by pixel k of patch m (flattened input order).
+        in_chans: input channels.
+        out_type: token feature type V.
+        class_token: prepend one token that is non-zero only in the trivial irrep.
+
+    Input ``[B, in_chans, *spatial]`` (flattened row-major to the points); output ``[B, 1 + M, V.dim]``.
+    """
+
+    def __init__(
+        self,
+        group: FiniteGroup,
+        offsets: np.ndarray,
+        centers: np.ndarray,
+        patch_index: np.ndarray,
+        in_chans: int,
+        out_type: FeatureType,
+        class_token: bool = True,
+    ) -> None:
+        super().__init__()
+        self.group, self.in_chans, self.out_type = group, in_chans, out_type
+        self.offsets = np.asarray(offsets, dtype=np.float64)
+        self.centers = np.asarray(centers, dtype=np.float64)
+        self.num_tokens = len(self.centers)
+        self.register_buffer("patch_index", torch.from_numpy(np.array(patch_index, dtype=np.int64)), persistent=False)
+        self.embed = GroupPatchEmbed(group, self.offsets, in_chans, out_type)
+        self.num_prefix_tokens = int(class_token)
+        triv = out_type.trivial_index
+        if class_token and len(triv) == 0:
+            raise ValueError(f"a class token needs trivial irreps in {out_type}")
+        self.register_buffer("cls_index", torch.as_tensor(triv), persistent=False)
+        self.cls_token = nn.Parameter(torch.randn(len(triv)) * 0.02) if class_token else None
+
+    def unfold(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, *spatial] -> [B, M, C * K]`` (channel-major within a patch)."""
+        flat = x.flatten(2)[:, :, self.patch_index]  # [B, C, M, K]
+        return flat.permute(0, 2, 1, 3).flatten(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(self.unfold(x))
+        if self.cls_token is None:
+            return tokens
+        cls = torch.zeros(tokens.shape[0], 1, tokens.shape[-1], dtype=tokens.dtype, device=tokens.device)
+        cls = cls.index_add(-1, self.cls_index, self.cls_token.expand(tokens.shape[0], 1, -1))
+        return torch.cat([cls, tokens], dim=1)

@@ -1,0 +1,378 @@
+"""O(2)-subgroup ViTs (O(2) seed): every layer and the whole model, for the D4 and D6 families.
+
+Group actions are derived here from geometry, never from the model: an element g (a 2x2 matrix of
+the group core) permutes the pixel centres ``model.domain.points`` (``point_permutation``), and an
+image transforms as ``(g . I)(p) = I(g^-1 p)``, i.e. the value at point i moves to point
+``perm[i]`` with ``points[perm[i]] = g points[i]``. Token features transform with the group
+core's irrep matrices (``FeatureType.representation`` = blockdiag of ``I_C (x) rho(g)``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import eqvit
+from eqvit.geometry import HexPatchGrid, point_permutation, square_grid
+from eqvit.geometry.points import permutations_for
+from eqvit.groups import get_group
+from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
+from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads, irrepwise_heads
+from eqvit.nn.irrep_blocks import InvariantHead
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.norm import IrrepLayerNorm
+from eqvit.nn.posenc.invariant import InvariantAPE
+from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer
+from eqvit.nn.tokenizers.square import SQUARE_GROUPS, SquarePatchTokenizer
+from eqvit.testing import EquivarianceError, assert_equivariant
+
+TOL = 1e-9
+FAMILY = [("square", g) for g in SQUARE_GROUPS] + [("hex", g) for g in HEX_GROUPS]
+ALL_O2_GROUPS = sorted(set(SQUARE_GROUPS) | set(HEX_GROUPS))
+
+
+def randomise_(module: nn.Module, seed: int = 0, scale: float = 0.5) -> nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * scale)
+    return module
+
+
+def act_on_field(points: np.ndarray, g: np.ndarray, x: torch.Tensor, spatial: int) -> torch.Tensor:
+    """``(g . x)(p) = x(g^-1 p)`` for ``x [..., *spatial]`` over ``points`` (row-major)."""
+    perm = torch.as_tensor(point_permutation(points, g))
+    flat = x.flatten(x.ndim - spatial)
+    out = torch.empty_like(flat)
+    out[..., perm] = flat
+    return out.reshape(x.shape)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def tiny(grid: str, group: str, attention: str = "coupled", **kw) -> nn.Module:
+    torch.manual_seed(0)
+    name = "o2vit_square_tiny" if grid == "square" else "o2vit_hex_tiny"
+    return eqvit.create_model(name, group=group, attention=attention, **kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# whole model: invariant logits for every group of both families and both attention layouts
+
+
+@pytest.mark.parametrize("attention", ["coupled", "irrepwise"])
+@pytest.mark.parametrize(("grid", "group"), FAMILY, ids=[f"{a}-{b}" for a, b in FAMILY])
+def test_logits_invariant(grid, group, attention):
+    model = randomise_(tiny(grid, group, attention)).double().eval()
+    G = get_group(group)
+    assert model.group is G
+    points = model.domain.points
+    if grid == "square":
+        assert np.array_equal(points, square_grid(8, 8))
+    else:
+        assert np.array_equal(points, HexPatchGrid(2, 4).points)
+    spatial = len(model.domain.shape)
+    x = torch.randn(2, 3, *model.domain.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        y = model(x)
+        assert y.shape == (2, 5) and y.abs().max() > 1e-2
+        errors = [rel_err(model(act_on_field(points, g, x, spatial)), y) for g in G.elements]
+    assert max(errors) <= TOL, errors
+    # ... and the model is not trivially invariant: other rotations change the logits.
+    if grid == "hex" or G.order < 8:
+        return
+    with torch.no_grad():
+        x_t = x.transpose(-1, -2).flip(-1)  # a D4 element, sanity: must agree (already covered)
+        assert rel_err(model(x_t), y) <= TOL
+
+
+def test_model_sees_non_symmetric_inputs():
+    """C4 logits change under a reflection (not in C4): the model is not more invariant than declared."""
+    model = randomise_(tiny("square", "C4")).double().eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    t = np.diag([1.0, -1.0])
+    with torch.no_grad():
+        assert rel_err(model(act_on_field(model.domain.points, t, x, 2)), model(x)) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------
+# layers on random irrep features against the group core's representation matrices
+
+
+def _types(G):
+    regular = FeatureType.regular(G, 2)
+    odd = FeatureType(G, [k % 3 + 1 for k in range(len(G.irreps))])  # arbitrary multiplicities
+    return regular, odd
+
+
+@pytest.mark.parametrize("name", ALL_O2_GROUPS)
+def test_feature_type_representation(name):
+    G = get_group(name)
+    V = FeatureType.regular(G, 3)
+    assert V.dim == 3 * G.order
+    R = V.representation
+    assert np.allclose(np.einsum("gab,gcb->gac", R, R), np.eye(V.dim), atol=1e-12)
+    assert np.allclose(np.einsum("gab,hbc->ghac", R, R), R[G.cayley], atol=1e-12)  # homomorphism
+    for rho, c in zip(V.irreps, V.multiplicities):  # C copies of the regular rep (eq. 2, Sec. 4)
+        assert c == 3 * rho.dim // (2 if rho.type == "complex" else 1)
+
+
+@pytest.mark.parametrize("name", ALL_O2_GROUPS)
+def test_irrep_linear_equivariant_and_complete(name):
+    G = get_group(name)
+    V, W = _types(G)
+    lin = randomise_(IrrepLinear(V, W)).double()
+    A = lin.weight_matrix().detach().numpy()
+    assert (
+        np.abs(np.einsum("ab,gbc->gac", A, V.representation) - np.einsum("gab,bc->gac", W.representation, A)).max()
+        < 1e-12
+    )
+    # The bias lives on the trivial irrep only, so the affine map is equivariant too (eq. 5).
+    x = torch.randn(4, V.dim, dtype=torch.float64)
+    y = lin(x)
+    for g in range(G.order):
+        assert rel_err(lin(V.act(g, x)), W.act(g, y)) < TOL
+    # Eq. 4 exhausts Hom_G(V, W): the number of parameters equals its dimension (Schur).
+    n_params = sum(w.numel() for w in lin.weights)
+    constraint = np.concatenate(
+        [
+            np.kron(W.representation[g], np.eye(V.dim)) - np.kron(np.eye(W.dim), V.representation[g].T)
+            for g in range(G.order)
+        ]
+    )
+    assert n_params == V.dim * W.dim - np.linalg.matrix_rank(constraint)
+    assert sum(1 for rho in G.irreps if rho.type == "complex") == sum(1 for w in lin.weights if w.shape[0] == 2)
+
+
+@pytest.mark.parametrize("name", ALL_O2_GROUPS)
+def test_layer_norm_equivariant(name):
+    G = get_group(name)
+    _, V = _types(G)
+    norm = randomise_(IrrepLayerNorm(V)).double()
+    x = torch.randn(4, V.dim, dtype=torch.float64) + 0.3
+    y = norm(x)
+    assert all(rel_err(norm(V.act(g, x)), V.act(g, y)) < TOL for g in range(G.order))
+
+
+@pytest.mark.parametrize("name", ["D4", "D6", "C6", "D3"])
+def test_fourier_activation_equivariant_for_every_homogeneous_space(name):
+    G = get_group(name)
+    spaces = [(H, k + 1) for k, H in enumerate(G.subgroups())]
+    ftype, basis, perms = homogeneous_fourier_basis(G, spaces)
+    # P(g) basis = basis rho(g): inverse FT intertwines the permutation and the irrep actions (eq. 9).
+    P = np.zeros((G.order, len(basis), len(basis)))
+    for g in range(G.order):
+        P[g, perms[g], np.arange(len(basis))] = 1.0
+    assert np.allclose(basis.T @ basis, np.eye(ftype.dim), atol=1e-12)
+    assert np.abs(P @ basis - basis @ ftype.representation).max() < 1e-12
+    # C'_rho = sum_alpha Gamma^alpha_rho n_alpha (eq. 11 and Tables 2-3).
+    expected = {rho.name: 0 for rho in G.irreps}
+    for H, n in spaces:
+        for k, v in G.homogeneous_space(H).multiplicities.items():
+            expected[k] += n * v
+    assert dict(zip([r.name for r in G.irreps], ftype.multiplicities)) == expected
+    act = FourierActivation(ftype, basis).double()
+    x = torch.randn(4, ftype.dim, dtype=torch.float64)
+    y = act(x)
+    assert all(rel_err(act(ftype.act(g, x)), ftype.act(g, y)) < TOL for g in range(G.order))
+
+
+def test_fourier_activation_d3_example_of_the_seed():
+    """D3/{e} + 2 x D3/<t>: A1 x 3, A2 x 1, E1 x 4 (regular = A1 + A2 + 2 E1, triangle = A1 + E1)."""
+    G = get_group("D3")
+    t = next(H for H in G.subgroups() if len(H) == 2)
+    ftype, _, _ = homogeneous_fourier_basis(G, [("regular", 1), (t, 2)])
+    assert ftype.multiplicities == [3, 1, 4]
+
+
+@pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("square", "C4"), ("hex", "D6"), ("hex", "C3")])
+def test_patch_embedding_and_ape_equivariant(grid, group):
+    """Tokens of g . I are the tokens of I moved to g . a and acted on by rho_V(g) (eq. 6-8)."""
+    G = get_group(group)
+    V = FeatureType.regular(G, 2)
+    if grid == "square":
+        tok = SquarePatchTokenizer(G, 12, 4, 2, V)
+        points, shape = square_grid(12, 12), (12, 12)
+    else:
+        hexgrid = HexPatchGrid(2, 3)
+        tok = HexPatchTokenizer(G, hexgrid, 2, V)
+        points, shape = hexgrid.points, (hexgrid.num_points,)
+    tok = randomise_(tok).double()
+    ape = randomise_(InvariantAPE(G, tok.centers, V)).double()
+    x = torch.randn(2, 2, *shape, dtype=torch.float64)
+    with torch.no_grad():
+        y = ape.add_to_tokens(tok(x)[:, 1:])
+        cls = tok(x)[:, 0]
+        for g in range(G.order):
+            token_perm = torch.as_tensor(point_permutation(tok.centers, G.elements[g]))
+            expected = torch.empty_like(y)
+            expected[:, token_perm] = V.act(g, y)
+            got_all = tok(act_on_field(points, G.elements[g], x, len(shape)))
+            assert rel_err(ape.add_to_tokens(got_all[:, 1:]), expected) < TOL
+            assert torch.equal(got_all[:, 0], cls)  # the class token is the trivial ★
+        # The encoding itself is invariant: rho(g) p(g^-1 a) = p(a).
+        p = ape.embedding()
+        for g in range(G.order):
+            perm = torch.as_tensor(point_permutation(tok.centers, G.elements[g]))
+            moved = torch.empty_like(p)
+            moved[perm] = V.act(g, p)
+            assert rel_err(moved, p) < TOL
+    # The class token is zero outside the trivial irrep.
+    nontrivial = np.setdiff1d(np.arange(V.dim), V.trivial_index)
+    assert cls[:, nontrivial].abs().max() == 0 and cls[:, V.trivial_index].abs().max() > 0
+
+
+def test_patch_filter_basis_multiplicities_hexagon():
+    """C(U) of a 19-pixel hexagon under D6: the filter basis is orthonormal, multiplicities by characters."""
+    G = get_group("D6")
+    tok = HexPatchTokenizer(G, HexPatchGrid(1, 3), 1, FeatureType.regular(G, 1)).double()
+    B = tok.embed.filter_basis.numpy()
+    assert np.allclose(B @ B.T, np.eye(19), atol=1e-12)
+    perms = permutations_for(tok.offsets, G.elements)
+    chi = (perms == np.arange(19)).sum(1).astype(float)  # character of the permutation rep
+    for rho, c in zip(tok.embed.in_type.irreps, tok.embed.in_type.multiplicities):
+        assert c == round(float(chi @ rho.character) / G.order)
+
+
+@pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
+@pytest.mark.parametrize("name", ["D4", "C4", "D6", "C3"])
+def test_attention_equivariant(name, layout):
+    G = get_group(name)
+    V = FeatureType.regular(G, 3)
+    heads = coupled_heads(V, 3) if layout == "coupled" else irrepwise_heads(V, 3)
+    attn = randomise_(IrrepAttention(V, heads)).double().eval()
+    x = torch.randn(2, 5, V.dim, dtype=torch.float64)
+    y = attn(x)
+    assert all(rel_err(attn(V.act(g, x)), V.act(g, y)) < TOL for g in range(G.order))
+    perm = torch.randperm(5)
+    assert rel_err(attn(x[:, perm]), y[:, perm]) < TOL  # token permutations
+    reference = copy.deepcopy(attn)
+    reference.fused = False
+    torch.testing.assert_close(reference(x), y, rtol=1e-10, atol=1e-12)
+    if layout == "coupled":  # each head holds C/h copies of every irrep
+        assert len(heads) == 3 and all(len(h) == V.dim // 3 for h in heads)
+    else:  # each head holds one irrep only
+        assert len(heads) == 3 * len(G.irreps)
+        assert all(len({V.copies[c][0] for c in V.copy_index[h]}) == 1 for h in heads)
+
+
+@pytest.mark.parametrize("name", ["D4", "C6"])
+def test_invariant_head(name):
+    G = get_group(name)
+    V = FeatureType.regular(G, 2)
+    head = randomise_(InvariantHead(V, 4)).double().eval()
+    tokens = torch.randn(3, 2, V.dim, dtype=torch.float64)
+    assert head.num_invariants == len(V.copies)  # trivial channels + one norm per non-trivial copy
+    y = head(tokens)
+    assert all(rel_err(head(V.act(g, tokens)), y) < TOL for g in range(G.order))
+
+
+# ------------------------------------------------------------------------------------------------
+# restriction (Theorem 2): an H-equivariant model of the same family computing the same function
+
+RESTRICTIONS = [("square", "coupled", H) for H in ["C4", "D2", "C2", "D1", "C1", "D2[45deg]"]]
+RESTRICTIONS += [("hex", "coupled", H) for H in ["C6", "D3", "C3", "D2", "C2", "D1", "C1", "D3[30deg]"]]
+RESTRICTIONS += [("square", "irrepwise", "C4"), ("square", "irrepwise", "D1"), ("hex", "irrepwise", "D3")]
+RESTRICTIONS += [("hex", "irrepwise", "C2")]
+
+
+@pytest.mark.parametrize(("grid", "attention", "sub"), RESTRICTIONS, ids=["-".join(r) for r in RESTRICTIONS])
+def test_restriction_computes_the_same_function(grid, attention, sub):
+    model = randomise_(tiny(grid, "D4" if grid == "square" else "D6", attention)).double().eval()
+    restricted = eqvit.restrict(model, sub)
+    assert restricted.group.name == sub and restricted.group.parent is model.group
+    assert type(restricted) is type(model) and restricted.embed_dim == model.embed_dim
+    W = restricted.feature_type
+    assert W.group is restricted.group and W.dim == model.feature_type.dim
+    # The multiplicities D_sigma are those of V restricted to H (the group core's Res, Theorem 2).
+    G = model.group
+    H = restricted.group
+    expected = {k: 0 for k in (s.name for s in H.irreps)}
+    for rho, c in zip(model.feature_type.irreps, model.feature_type.multiplicities):
+        from eqvit.groups import Representation
+
+        for k, n in Representation(G, [rho]).restrict(H).multiplicities.items():
+            expected[k] += c * n
+    assert dict(zip([s.name for s in H.irreps], W.multiplicities)) == expected
+    if attention == "coupled":  # G's coupled heads map onto H's coupled heads (Phi of App. E)
+        assert [sorted(h) for h in restricted.blocks[0].attn.heads] == [list(h) for h in coupled_heads(W, 3)]
+    x = torch.randn(2, 3, *model.domain.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    with torch.no_grad():
+        assert rel_err(restricted(x), model(x)) <= TOL
+    assert_equivariant(restricted, tolerance=TOL)  # H-equivariant in its own right (irrep-wise H layers)
+
+
+def test_restriction_chains_and_keeps_dtype():
+    model = randomise_(tiny("square", "D4")).eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(4))
+    d2 = eqvit.restrict(model, "D2")
+    c2 = eqvit.restrict(d2, "C2")
+    assert next(c2.parameters()).dtype == torch.float32 and c2.group.name == "C2" and not c2.training
+    with torch.no_grad():
+        torch.testing.assert_close(c2(x), model(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="subgroup of D4"):
+        eqvit.restrict(model, "C3")
+
+
+# ------------------------------------------------------------------------------------------------
+# a deliberately broken layer is caught
+
+
+@pytest.mark.parametrize("where", ["mlp", "patch_embed"])
+def test_broken_layer_fails(where):
+    model = randomise_(tiny("square", "D4"))
+    dim = model.embed_dim
+    if where == "mlp":
+        block = model.blocks[0]
+        block.mlp.fc1 = nn.Linear(dim, block.mlp.act.ftype.dim)  # unconstrained: not equivariant
+    else:
+        model.tokenizer.embed.filter_basis = torch.randn_like(model.tokenizer.embed.filter_basis)
+    with pytest.raises(EquivarianceError) as info:
+        assert_equivariant(model, batch_size=1)
+    assert info.value.report.rows[0][2] == 0.0  # the identity is fine, other elements are not
+
+
+# ------------------------------------------------------------------------------------------------
+# configuration, errors
+
+
+def test_registry_and_kwargs():
+    names = eqvit.list_models("o2vit*")
+    assert {"o2vit_square_tiny", "o2vit_hex_tiny", "o2vit_square_s", "o2vit_hex_s"} <= set(names)
+    m = tiny("square", "D2", attention="irrepwise", in_chans=1, num_classes=7)
+    assert m.group.name == "D2" and m.in_chans == 1 and m.out_chans == 7
+    assert m.config["attention"] == "irrepwise" and m.embed_dim == 3 * 4
+    assert m(torch.randn(2, 1, 8, 8)).shape == (2, 7)
+    m = eqvit.create_model("o2vit_square_tiny", embed_dim=16, num_heads=2)  # 2 regular copies of D4
+    assert m.feature_type == FeatureType.regular(get_group("D4"), 2)
+
+
+def test_seed_configurations():
+    """App. F: square 256^2 with 16^2 patches (256 tokens); hexagonal 217 patches x 217 pixels."""
+    sq = eqvit.create_model("o2vit_square_s")
+    assert sq.domain.shape == (256, 256) and sq.tokenizer.num_tokens == 256 and len(sq.blocks) == 6
+    assert sq.group.name == "D4" and len(sq.blocks[0].attn.heads) == 3
+    hx = eqvit.create_model("o2vit_hex_s")
+    assert hx.domain.shape == (42073,) and hx.tokenizer.num_tokens == 217 and hx.tokenizer.offsets.shape == (217, 2)
+    assert hx.group.name == "D6" and len(hx.blocks) == 6
+
+
+def test_errors_name_what_was_expected():
+    model = tiny("hex", "D6")
+    with pytest.raises(ValueError, match=r"expected input of shape \[B, 3, 217\].*got \[2, 3, 30\]"):
+        model(torch.randn(2, 3, 30))
+    with pytest.raises(ValueError, match="D6"):
+        tiny("square", "D6")  # the square grid is not D6-stable
+    with pytest.raises(ValueError, match="multiple of"):
+        eqvit.create_model("o2vit_square_tiny", embed_dim=20)
+    with pytest.raises(ValueError, match="coupled"):
+        eqvit.create_model("o2vit_square_tiny", regular_copies=2, num_heads=3)
+    with pytest.raises(ValueError, match=r"irrepwise|coupled"):
+        eqvit.create_model("o2vit_square_tiny", attention="global")
