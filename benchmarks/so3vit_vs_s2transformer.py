@@ -371,22 +371,26 @@ def print_report(result: dict[str, Any]) -> None:
         step = f"{r['train_step_ms_median']:.0f}" if r["train_step_ms_median"] is not None else "-"
         print(
             f"{r['model']:<30} {r['params'] / 1e6:>9.3f}M {r['tokens'] or '-':>7} {r['forward_ms_median']:>10.1f} "
-            f"{r['forward_runs']:>5} {mb:>10} {step:>10} {fmt_ratio(r['speed_ratio']):>28} {fmt_ratio(r['memory_ratio']):>10}"
+            f"{r['forward_runs']:>5} {mb:>10} {step:>10} {fmt_ratio(r['speed_ratio']):>28} "
+            f"{fmt_ratio(r['memory_ratio']):>10}"
         )
     t = head["targets"]
     if head.get("candidate"):
         c = head["candidate"]
         print(
             f"\n{c} forward speed-up over {ref}: {fmt_ratio(head['speedup'])} "
-            f"(paired per-round median {fmt_ratio(head['speedup_paired_median'])}; target >= {t['speedup']:.0f}x)"
+            f"(paired per-round median {fmt_ratio(head['speedup_paired_median'])}; "
+            f"target >= {t['speedup']:.0f}x)"
         )
         print(
-            f"{c} training-memory ratio vs {ref}: {fmt_ratio(head['memory_ratio'])} (target >= {t['memory_ratio']:.0f}x)"
+            f"{c} training-memory ratio vs {ref}: {fmt_ratio(head['memory_ratio'])} "
+            f"(target >= {t['memory_ratio']:.0f}x)"
         )
     if "rope_overhead" in head:
         print(
             f"SO(3)-RoPE overhead ({head['candidate']} so3rope / none): {fmt_ratio(head['rope_overhead'])} "
-            f"(paired per-round median {fmt_ratio(head['rope_overhead_paired_median'])}; target <= {t['rope_overhead']}x)"
+            f"(paired per-round median {fmt_ratio(head['rope_overhead_paired_median'])}; "
+            f"target <= {t['rope_overhead']}x)"
         )
     m = result["machine"]
     print(
@@ -408,7 +412,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, help="registered model names")
-    p.add_argument("--repeats", type=int, default=None, help="timed forward runs per model (default 50, quick 3)")
+    p.add_argument("--repeats", type=int, default=None, help="timed forward runs per model (default 30, quick 3)")
     p.add_argument(
         "--s2-repeats", type=int, default=None, help="timed runs for the S2Transformers (default 9, quick 2)"
     )

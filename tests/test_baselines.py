@@ -128,9 +128,7 @@ def test_timm_create_model():
 
 
 def test_passthrough_and_bad_kwargs():
-    model = models.create_model(
-        "s2transformer_tiny", residual=True, drop_path_rate=0.1, attention_mode="global"
-    )
+    model = models.create_model("s2transformer_tiny", residual=True, drop_path_rate=0.1, attention_mode="global")
     assert model.model.residual_prediction and model.config["drop_path_rate"] == 0.1
     assert model(torch.randn(1, 3, 16, 32)).shape == (1, 3, 16, 32)
     with pytest.raises(ValueError, match="pos_embed"):
@@ -197,14 +195,10 @@ def test_benchmark_smoke(tmp_path, capsys):
         "so3vit_tiny",
         "so3vit_tiny[posenc=none]",
     }
-    assert (
-        result["headline"]["reference"] == "s2transformer_tiny"
-        and result["headline"]["candidate"] == "so3vit_tiny"
-    )
+    assert result["headline"]["reference"] == "s2transformer_tiny" and result["headline"]["candidate"] == "so3vit_tiny"
     assert result["headline"]["speedup"] > 0 and result["headline"]["rope_overhead"] > 0
     assert (
-        len(result["forward_ms_raw"]["so3vit_tiny"]) == 3
-        and len(result["forward_ms_raw"]["s2transformer_tiny"]) == 2
+        len(result["forward_ms_raw"]["so3vit_tiny"]) == 3 and len(result["forward_ms_raw"]["s2transformer_tiny"]) == 2
     )
     assert result["machine"]["torch"] == torch.__version__ and result["machine"]["cpu_count"] >= 1
     printed = capsys.readouterr().out

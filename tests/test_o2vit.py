@@ -14,6 +14,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import eqvit
@@ -24,6 +25,7 @@ from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads, irrepwise_heads
 from eqvit.nn.irrep_blocks import InvariantHead
 from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.layers import Mlp
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.invariant import InvariantAPE
@@ -289,6 +291,7 @@ def test_restriction_computes_the_same_function(grid, attention, sub):
     restricted = eqvit.restrict(model, sub)
     assert restricted.group.name == sub and restricted.group.parent is model.group
     assert type(restricted) is type(model) and restricted.embed_dim == model.embed_dim
+    assert type(restricted.tokenizer) is type(model.tokenizer)
     W = restricted.feature_type
     assert W.group is restricted.group and W.dim == model.feature_type.dim
     # The multiplicities D_sigma are those of V restricted to H (the group core's Res, Theorem 2).
@@ -330,8 +333,7 @@ def test_broken_layer_fails(where):
     model = randomise_(tiny("square", "D4"))
     dim = model.embed_dim
     if where == "mlp":
-        block = model.blocks[0]
-        block.mlp.fc1 = nn.Linear(dim, block.mlp.act.ftype.dim)  # unconstrained: not equivariant
+        model.blocks[0].mlp = Mlp(dim, 2 * dim)  # unconstrained nn.Linear layers: not equivariant
     else:
         model.tokenizer.embed.filter_basis = torch.randn_like(model.tokenizer.embed.filter_basis)
     with pytest.raises(EquivarianceError) as info:
@@ -376,3 +378,39 @@ def test_errors_name_what_was_expected():
         eqvit.create_model("o2vit_square_tiny", regular_copies=2, num_heads=3)
     with pytest.raises(ValueError, match=r"irrepwise|coupled"):
         eqvit.create_model("o2vit_square_tiny", attention="global")
+
+
+# ------------------------------------------------------------------------------------------------
+# gradual symmetry breaking during training
+
+
+def test_training_relaxes_to_a_subgroup_at_the_chosen_epoch():
+    from eqvit.models.restrict import SymmetryRelaxation
+    from eqvit.train.classify import fit_classifier
+
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(24, 3, 8, 8, generator=gen), torch.randint(0, 5, (24,), generator=gen)
+    model = tiny("square", "D4", drop_path_rate=0.0, attn_drop_rate=0.0, head_drop_rate=0.0)
+    model, history = fit_classifier(
+        model, (x, y), (x[:8], y[:8]), epochs=3, batch_size=8, relaxation=SymmetryRelaxation({1: "D2", 2: "C1"})
+    )
+    assert history.group == ["D4", "D2", "C1"] and len(history.train_loss) == 3
+    assert model.group.name == "C1" and all(np.isfinite(history.train_loss))
+    with pytest.raises(ValueError, match="non-negative"):
+        SymmetryRelaxation({-1: "C4"})
+
+
+def test_fast_paths_match_dense_references():
+    """Block-wise linear, orbit-wise Fourier activation and the permuted MLP equal their dense forms."""
+    G = get_group("D6")
+    V = FeatureType.regular(G, 2)
+    lin = randomise_(IrrepLinear(V, FeatureType(G, [1, 0, 2, 1, 3, 2]))).double()
+    x = torch.randn(3, V.dim, dtype=torch.float64)
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight_matrix(), lin.bias_vector()), rtol=0, atol=1e-12)
+    act = FourierActivation.from_spaces(G, [("regular", 2)] + [(H, 1) for H in G.subgroups()]).double()
+    h = torch.randn(3, act.ftype.dim, dtype=torch.float64)
+    torch.testing.assert_close(act(h), act.forward_dense(h), rtol=0, atol=1e-12)
+    model = randomise_(tiny("hex", "D6")).double()
+    mlp = model.blocks[0].mlp
+    x = torch.randn(2, 4, model.embed_dim, dtype=torch.float64)
+    torch.testing.assert_close(mlp(x), mlp.fc2(mlp.act.forward_dense(mlp.fc1(x))), rtol=0, atol=1e-12)

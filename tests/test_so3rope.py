@@ -247,3 +247,21 @@ def test_bad_construction():
         SO3RoPE(0)
     with pytest.raises(ValueError, match="without fixed poses"):
         SO3RoPE(16).rotate_qk(*_qk(16, torch.float32))
+
+
+@pytest.mark.parametrize("head_dim", [16, 30, 64])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_token_major_fast_path_equals_rotate_qk(head_dim, prefix):
+    """Attention calls rotate_qk_tokens on [B, N, H, D]; it must equal rotate_qk on [B, H, N, D]."""
+    from eqvit.groups.so3 import random_rotations
+
+    gen = torch.Generator().manual_seed(3)
+    poses = random_rotations(7, generator=gen, dtype=torch.float64)
+    rope = SO3RoPE(head_dim, poses=poses).double()
+    q = torch.randn(2, 7 + prefix, 3, head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 7 + prefix, 3, head_dim, generator=gen, dtype=torch.float64)
+    fast_q, fast_k = rope.rotate_qk_tokens(q, k, prefix)
+    ref_q, ref_k = rope.rotate_qk(q.transpose(1, 2), k.transpose(1, 2), prefix)
+    assert torch.allclose(fast_q, ref_q.transpose(1, 2), atol=1e-13)
+    assert torch.allclose(fast_k, ref_k.transpose(1, 2), atol=1e-13)
+    assert not torch.allclose(fast_q, q)  # it does rotate

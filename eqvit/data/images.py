@@ -109,7 +109,7 @@ def rotated_mnist(
     images = F.pad(images, (pad // 2, pad - pad // 2, pad // 2, pad - pad // 2))
     angles = torch.rand(len(images), generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2 * math.pi
     images = rotate_images(images, angles.float()).clamp(0, 1) * 2 - 1
-    labels = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    labels = torch.from_numpy(np.array(y, dtype=np.int64))
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(split_seed))
     train, val = order[:4000], order[4000:]
     train = train[: max(1, round(sample_ratio * len(train)))]

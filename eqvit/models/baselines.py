@@ -124,9 +124,7 @@ class S2TransformerBaseline(nn.Module):
                 raise unknown_name_error("S2Transformer argument", name, sorted(_PASSTHROUGH + _OWN))
         nlat, nlon = (int(s) for s in img_size)
         if residual and in_chans != out_chans:
-            raise ValueError(
-                f"residual prediction needs in_chans == out_chans, got {in_chans} and {out_chans}"
-            )
+            raise ValueError(f"residual prediction needs in_chans == out_chans, got {in_chans} and {out_chans}")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         token_nlat = (nlat - 1) // scale_factor + 1  # SphericalTransformer's own formula

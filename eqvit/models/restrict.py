@@ -33,7 +33,9 @@ from eqvit.nn.layers import DropPath
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.invariant import InvariantAPE
+from eqvit.nn.tokenizers.hexagonal import HexPatchTokenizer
 from eqvit.nn.tokenizers.planar import PlanarTokenizer
+from eqvit.nn.tokenizers.square import SquarePatchTokenizer
 from eqvit.utils import unknown_name_error
 
 
@@ -174,18 +176,15 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
     with torch.no_grad():
         # Step 1: patch embedding (H's own filter basis of C(U)) and the class token.
         tok = model.tokenizer
-        new_tok = PlanarTokenizer(
-            H,
-            tok.offsets,
-            tok.centers,
-            tok.patch_index.cpu().numpy(),
-            tok.in_chans,
-            W,
-            class_token=tok.cls_token is not None,
-        ).double()
-        for name in ("img_size", "patch_size", "grid"):
-            if hasattr(tok, name):
-                setattr(new_tok, name, getattr(tok, name))
+        has_cls = tok.cls_token is not None
+        if isinstance(tok, SquarePatchTokenizer):
+            new_tok = SquarePatchTokenizer(H, tok.img_size, tok.patch_size, tok.in_chans, W, has_cls)
+        elif isinstance(tok, HexPatchTokenizer):
+            new_tok = HexPatchTokenizer(H, tok.grid, tok.in_chans, W, has_cls)
+        else:
+            index = tok.patch_index.cpu().numpy()
+            new_tok = PlanarTokenizer(H, tok.offsets, tok.centers, index, tok.in_chans, W, has_cls)
+        new_tok = new_tok.double()
         filters_g = _f64(tok.embed.proj.weight_matrix()) @ _f64(tok.embed._exact_masters["filter_basis"])
         basis_h = _f64(new_tok.embed._exact_masters["filter_basis"])
         b = tok.embed.proj.bias_vector()
@@ -262,3 +261,26 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
     new_model.default_cfg = new_model.pretrained_cfg = dict(getattr(model, "default_cfg", {}))
     new_model.train(model.training)
     return new_model.to(dtype)
+
+
+class SymmetryRelaxation:
+    """Gradual symmetry breaking (the seed's remark after Theorem 2): G-equivariant early, a subgroup later.
+
+    Args:
+        schedule: ``{epoch: subgroup name}``; at the start of that epoch the model is replaced by its
+            :func:`restrict`-ion (same function, more freedom), e.g. ``{10: "D2", 20: "C1"}``.
+
+    ``model, changed = relaxation.step(model, epoch)``; when ``changed`` the caller rebuilds its
+    optimizer (the parameters are new tensors; optimizer state restarts).
+    """
+
+    def __init__(self, schedule: dict[int, str]) -> None:
+        if any(int(e) < 0 for e in schedule):
+            raise ValueError(f"relaxation epochs must be non-negative, got {sorted(schedule)}")
+        self.schedule = {int(e): s for e, s in sorted(schedule.items())}
+
+    def step(self, model: EquivariantViT, epoch: int) -> tuple[EquivariantViT, bool]:
+        target = self.schedule.get(int(epoch))
+        if target is None or target == model.group.name:
+            return model, False
+        return restrict(model, target), True

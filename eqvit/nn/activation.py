@@ -91,6 +91,21 @@ class FourierActivation(ExactBuffers):
         self.ftype = ftype
         self.register_exact_buffer("basis", torch.from_numpy(basis))
         self.act = act if act is not None else nn.GELU()
+        # The basis is block-diagonal up to permutations (one block per orbit of X): find the
+        # blocks and apply them batched, |X_s| multiply-adds per coordinate instead of dim.
+        self._sizes = []  # (orbits, orbit size) per group of equal-size blocks
+        self._shared = []
+        order = []
+        for n, (rows, cols) in enumerate(_blocks_by_size(basis)):
+            self._sizes.append(rows.shape)
+            order.append(cols.reshape(-1))
+            self.register_buffer(f"cols_{n}", torch.from_numpy(cols), persistent=False)
+            blocks = basis[rows[:, :, None], cols[:, None, :]]  # [n, |X_s|, |X_s|]
+            self.register_exact_buffer(f"blocks_{n}", torch.from_numpy(np.ascontiguousarray(blocks)))
+            # Copies of one homogeneous space share their block: then one [s, s] matmul suffices.
+            self._shared.append(bool(np.array_equal(blocks, np.broadcast_to(blocks[:1], blocks.shape))))
+        # Coordinates orbit by orbit: an MLP folds this into its linear maps (no gathers).
+        self.register_buffer("perm", torch.from_numpy(np.concatenate(order)), persistent=False)
 
     @classmethod
     def from_spaces(
@@ -102,5 +117,65 @@ class FourierActivation(ExactBuffers):
     def extra_repr(self) -> str:
         return f"{self.ftype}, |X|={self.basis.shape[0]}"
 
+    def forward_permuted(self, x: torch.Tensor) -> torch.Tensor:
+        """The nonlinearity on ``x[..., perm]`` (coordinates orbit by orbit); returns the same order."""
+        outs, start = [], 0
+        for n, (count, size) in enumerate(self._sizes):
+            blocks = getattr(self, f"blocks_{n}")
+            xn = x[..., start : start + count * size].unflatten(-1, (count, size))
+            if self._shared[n]:
+                block = blocks[0]
+                outs.append((self.act(xn @ block.T) @ block).flatten(-2))
+            else:
+                values = self.act(torch.einsum("...ni,nxi->...nx", xn, blocks))
+                outs.append(torch.einsum("...nx,nxi->...ni", values, blocks).flatten(-2))
+            start += count * size
+        return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        for n in range(len(self._sizes)):
+            cols, blocks = getattr(self, f"cols_{n}"), getattr(self, f"blocks_{n}")
+            values = self.act(torch.einsum("...ni,nxi->...nx", x[..., cols], blocks))  # sigma on X
+            out[..., cols] = torch.einsum("...nx,nxi->...ni", values, blocks)
+        return out
+
+    def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
+        """Reference: ``FT(sigma(FT^-1 x))`` with the dense basis."""
         return self.act(x @ self.basis.T) @ self.basis
+
+
+def _blocks_by_size(basis: np.ndarray, atol: float = 1e-12) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Connected components of the basis' sparsity pattern, grouped by size.
+
+    Returns ``[(rows [n, s], cols [n, s])]``: the component's points of X and coordinates; every
+    component is square (an orbit and the irrep copies of its Fourier transform).
+    """
+    nz = np.abs(basis) > atol
+    P, D = basis.shape
+    parent = list(range(P + D))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for r, c in zip(*np.nonzero(nz)):
+        ra, rb = find(int(r)), find(P + int(c))
+        if ra != rb:
+            parent[ra] = rb
+    comps: dict[int, tuple[list[int], list[int]]] = {}
+    for r in range(P):
+        comps.setdefault(find(r), ([], []))[0].append(r)
+    for c in range(D):
+        comps.setdefault(find(P + c), ([], []))[1].append(c)
+    by_size: dict[int, list[tuple[list[int], list[int]]]] = {}
+    for rows, cols in comps.values():
+        if len(rows) != len(cols):
+            raise ValueError("Fourier basis blocks must be square (one orbit and its irrep copies)")
+        by_size.setdefault(len(rows), []).append((rows, cols))
+    return [
+        (np.array([r for r, _ in comps_s], dtype=np.int64), np.array([c for _, c in comps_s], dtype=np.int64))
+        for _, comps_s in sorted(by_size.items())
+    ]

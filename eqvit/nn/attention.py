@@ -54,11 +54,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``x [B, N, C]`` -> ``[B, N, C]``."""
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # [B, H, N, D]
+        # Token-major [B, N, H, D] until SDPA: RoPE-like schemes rotate per token, and in this
+        # layout they need no transposes of their own.
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            q, k = rope.rotate_qk(q, k, num_prefix_tokens)
+            q, k = rope.rotate_qk_tokens(q, k, num_prefix_tokens)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, N, D]
         dropout = self.attn_drop if self.training else 0.0
         if self.fused:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)

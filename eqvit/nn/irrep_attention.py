@@ -112,11 +112,17 @@ class IrrepAttention(nn.Module):
         self.k = IrrepLinear(ftype, ftype, qkv_bias)
         self.v = IrrepLinear(ftype, ftype, qkv_bias)
         self.proj = IrrepLinear(ftype, ftype)
+        # Heads sorted by size and laid side by side: ``perm`` lists their coordinates in that order.
+        # It is folded into the q/k/v rows and the projection's columns, so no gathers are needed.
         sizes = sorted({len(h) for h in self.heads})
-        self._groups = len(sizes)
-        for n, size in enumerate(sizes):
-            idx = np.stack([h for h in self.heads if len(h) == size])  # [h_s, size]
-            self.register_buffer(f"head_index_{n}", torch.as_tensor(idx), persistent=False)
+        self._groups = []  # (start, heads, size)
+        order, start = [], 0
+        for size in sizes:
+            members = [h for h in self.heads if len(h) == size]
+            self._groups.append((start, len(members), size))
+            order += members
+            start += len(members) * size
+        self.register_buffer("perm", torch.from_numpy(np.concatenate(order)), persistent=False)
 
     def extra_repr(self) -> str:
         sizes = [len(h) for h in self.heads]
@@ -133,10 +139,14 @@ class IrrepAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         if rope is not None:
             raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
-        q, k, v = self.q(x), self.k(x), self.v(x)
-        out = torch.empty_like(v)
-        for n in range(self._groups):
-            idx = getattr(self, f"head_index_{n}")  # [h, s]
-            qh, kh, vh = (t[..., idx].transpose(1, 2) for t in (q, k, v))  # [B, h, N, s]
-            out[..., idx] = self._attend(qh, kh, vh).transpose(1, 2)
-        return self.proj(out)
+        perm, dim = self.perm, self.ftype.dim
+        weight = torch.cat([lin.weight_matrix()[perm] for lin in (self.q, self.k, self.v)])
+        biases = [lin.bias_vector() for lin in (self.q, self.k, self.v)]
+        bias = None if biases[0] is None else torch.cat([b[perm] for b in biases])
+        q, k, v = F.linear(x, weight, bias).split(dim, dim=-1)  # heads side by side
+        outs = []
+        for start, h, size in self._groups:
+            qh, kh, vh = (t[..., start : start + h * size].unflatten(-1, (h, size)).transpose(1, 2) for t in (q, k, v))
+            outs.append(self._attend(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
+        out = torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+        return F.linear(out, self.proj.weight_matrix()[:, perm], self.proj.bias_vector())

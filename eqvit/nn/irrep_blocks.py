@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from eqvit.nn.activation import FourierActivation
@@ -26,7 +27,11 @@ class IrrepMlp(nn.Module):
         self.fc2 = IrrepLinear(activation.ftype, ftype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        """``fc2(act(fc1(x)))`` with the activation's orbit order folded into fc1's rows and fc2's columns."""
+        perm = self.act.perm
+        b1 = self.fc1.bias_vector()
+        h = F.linear(x, self.fc1.weight_matrix()[perm], None if b1 is None else b1[perm])
+        return F.linear(self.act.forward_permuted(h), self.fc2.weight_matrix()[:, perm], self.fc2.bias_vector())
 
 
 class IrrepBlock(nn.Module):

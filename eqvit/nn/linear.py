@@ -79,9 +79,30 @@ class IrrepLinear(ExactBuffers):
         b[self._bias_slice] = self.bias
         return b
 
+    def block_weight(self, n: int) -> torch.Tensor:
+        """``[C''_rho d, C'_rho d]`` matrix ``sum_k w_k (x) L_k`` of the n-th irrep block."""
+        _, _, _, c_out, c_in, d = self._blocks[n]
+        if d == 1:
+            return self.weights[n][0] * getattr(self, f"endo_{n}")[0, 0, 0]
+        return torch.einsum("koi,kde->odie", self.weights[n], getattr(self, f"endo_{n}")).reshape(c_out * d, c_in * d)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., in.dim] -> [..., out.dim]``."""
-        return F.linear(x, self.weight_matrix(), self.bias_vector())
+        """``x [..., in.dim] -> [..., out.dim]``, one matmul per irrep (Schur's block structure).
+
+        Equal to ``F.linear(x, weight_matrix(), bias_vector())`` (the dense reference) with
+        ``sum_rho C''_rho C'_rho d_rho^2`` instead of ``dim'' dim'`` multiply-adds per token.
+        """
+        by_out = {out_sl.start: n for n, out_sl, *_ in self._blocks}
+        parts = []
+        for _, rho, c, out_sl in self.out_type.blocks():
+            n = by_out.get(out_sl.start)
+            if n is None:
+                parts.append(x.new_zeros(*x.shape[:-1], c * rho.dim))
+                continue
+            in_sl = self._blocks[n][2]
+            bias = self.bias if self.bias is not None and out_sl == self._bias_slice else None
+            parts.append(F.linear(x[..., in_sl], self.block_weight(n), bias))
+        return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
     @torch.no_grad()
     def load_dense_(

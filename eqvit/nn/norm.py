@@ -34,7 +34,7 @@ class IrrepLayerNorm(ExactBuffers):
         mask = np.zeros(ftype.dim)
         mask[center] = 1.0 / max(len(center), 1)
         self.register_exact_buffer("center_weights", torch.from_numpy(mask))
-        self.register_buffer("center_mask", torch.from_numpy(mask > 0), persistent=False)
+        self.register_exact_buffer("center_mask", torch.from_numpy((mask > 0).astype(np.float64)))
         self.register_buffer("copy_index", torch.from_numpy(ftype.copy_index), persistent=False)
         self.register_buffer("bias_index", torch.from_numpy(ftype.trivial_index), persistent=False)
         self.weight = nn.Parameter(torch.ones(len(ftype.copies)))
@@ -44,8 +44,7 @@ class IrrepLayerNorm(ExactBuffers):
         return f"{self.ftype}, eps={self.eps}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mean = (x * self.center_weights).sum(-1, keepdim=True)
-        x = torch.where(self.center_mask, x - mean, x)
+        x = x - (x @ self.center_weights).unsqueeze(-1) * self.center_mask
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         x = x * self.weight[self.copy_index]
         return x.index_add(-1, self.bias_index, self.bias.expand(*x.shape[:-1], -1))

@@ -3,13 +3,22 @@
 import importlib
 
 _LAZY = {
+    "ClassifierHistory": "classify",
+    "fit_classifier": "classify",
     "relative_lp_error": "metrics",
     "latlon_quadrature_weights": "metrics",
     "SphereErrorMap": "metrics",
     "polar_error_ratio": "metrics",
 }
 
-__all__ = ["SphereErrorMap", "latlon_quadrature_weights", "polar_error_ratio", "relative_lp_error"]
+__all__ = [
+    "ClassifierHistory",
+    "SphereErrorMap",
+    "fit_classifier",
+    "latlon_quadrature_weights",
+    "polar_error_ratio",
+    "relative_lp_error",
+]
 
 
 def __getattr__(name):

@@ -26,6 +26,16 @@ class PositionalScheme(nn.Module):
         """``q, k [B, H, N, D]`` -> embedded ``q, k`` of the same shape."""
         return q, k
 
+    def rotate_qk_tokens(
+        self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same as :meth:`rotate_qk` for token-major ``q, k [B, N, H, D]`` (what attention holds).
+
+        Schemes override it when the token-major layout is faster for them.
+        """
+        q, k = self.rotate_qk(q.transpose(1, 2), k.transpose(1, 2), num_prefix_tokens)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
 
 class NoPositionalEncoding(PositionalScheme):
     """No positional information: attention is permutation equivariant."""

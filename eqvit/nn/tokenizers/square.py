@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup
@@ -41,3 +42,9 @@ class SquarePatchTokenizer(PlanarTokenizer):
         offsets, centers, patch_index = square_patch_layout(img_size, patch_size)
         super().__init__(group, offsets, centers, patch_index, in_chans, out_type, class_token)
         self.img_size, self.patch_size = img_size, patch_size
+
+    def unfold(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, S, S] -> [B, q^2, C P^2]`` by reshapes (the same order as ``patch_index``)."""
+        B, C = x.shape[:2]
+        q, P = self.img_size // self.patch_size, self.patch_size
+        return x.reshape(B, C, q, P, q, P).permute(0, 2, 4, 1, 3, 5).reshape(B, q * q, C * P * P)
