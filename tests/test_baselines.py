@@ -15,8 +15,9 @@ import timm
 import torch
 
 from eqvit import models
+from eqvit.data.shallow_water import latlon_points
 from eqvit.groups import get_group
-from eqvit.models.baselines import S2TransformerBaseline, default_theta_cutoff, latlon_grid_points
+from eqvit.models.baselines import S2TransformerBaseline, default_theta_cutoff
 from eqvit.testing import EquivarianceError, assert_equivariant
 
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "so3vit_vs_s2transformer.py"
@@ -80,7 +81,7 @@ def test_full_size_error_message_names_the_64x128_grid():
     # The domain is cheap to build without the network; the message format is the contract.
     from eqvit.geometry.domain import PointDomain
 
-    domain = PointDomain(latlon_grid_points(64, 128), shape=(64, 128), name="the 64x128 equiangular grid")
+    domain = PointDomain(latlon_points(64, 128).numpy(), shape=(64, 128), name="the 64x128 equiangular grid")
     with pytest.raises(
         ValueError,
         match=r"expected input of shape \[B, 3, 64, 128\] on the 64x128 equiangular grid, got \[2, 3, 10242\]",
@@ -89,7 +90,7 @@ def test_full_size_error_message_names_the_64x128_grid():
 
 
 def test_grid_points_are_torch_harmonics_equiangular_grid():
-    pts = latlon_grid_points(64, 128)
+    pts = latlon_points(64, 128).numpy()
     assert pts.shape == (64 * 128, 3)
     np.testing.assert_allclose(np.linalg.norm(pts, axis=1), 1.0, atol=1e-12)
     grid = pts.reshape(64, 128, 3)
@@ -106,9 +107,8 @@ def test_grid_points_are_torch_harmonics_equiangular_grid():
 
 
 def test_grid_points_match_the_shallow_water_data_grid():
-    from eqvit.data.shallow_water import latlon_points
-
-    np.testing.assert_allclose(latlon_grid_points(16, 32), latlon_points(16, 32).numpy(), atol=1e-12)
+    model = models.create_model("s2transformer_tiny")
+    np.testing.assert_allclose(model.domain.points, latlon_points(16, 32).numpy(), atol=1e-12)
 
 
 def test_theta_cutoff_default_is_a_7x7_window():

@@ -28,12 +28,11 @@ import math
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch_harmonics.examples.models import SphericalTransformer
-from torch_harmonics.quadrature import precompute_latitudes, precompute_longitudes
 
+from eqvit.data.shallow_water import latlon_points
 from eqvit.geometry.domain import PointDomain
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models.so3vit import build_so3vit
@@ -48,21 +47,6 @@ _PASSTHROUGH = tuple(
     for name in inspect.signature(SphericalTransformer.__init__).parameters
     if name != "self" and name not in _RENAMED and name not in _OWN
 )
-
-
-def latlon_grid_points(nlat: int, nlon: int, grid: str = "equiangular") -> np.ndarray:
-    """float64 unit vectors ``[nlat * nlon, 3]`` of torch-harmonics' lat-lon grid, row-major.
-
-    Row ``i * nlon + j`` is colatitude ``theta_i`` (``precompute_latitudes``: 0 = north pole)
-    and longitude ``phi_j = 2 pi j / nlon``; the point is ``(sin t cos p, sin t sin p, cos t)``.
-    The equiangular grid contains both poles (``nlon`` copies of each).
-    """
-    theta, _ = precompute_latitudes(nlat, grid=grid)
-    phi = precompute_longitudes(nlon)
-    theta, phi = theta.double().numpy()[:, None], phi.double().numpy()[None, :]
-    sin_t = np.sin(theta)
-    xyz = np.stack(np.broadcast_arrays(sin_t * np.cos(phi), sin_t * np.sin(phi), np.cos(theta)), axis=-1)
-    return xyz.reshape(nlat * nlon, 3)
 
 
 def default_theta_cutoff(nlat: int) -> float:
@@ -156,7 +140,7 @@ class S2TransformerBaseline(nn.Module):
         self.embed_dim = self.num_features = embed_dim
         self.residual = residual
         self.domain = PointDomain(
-            latlon_grid_points(nlat, nlon, grid), shape=(nlat, nlon), name=f"the {nlat}x{nlon} {grid} grid"
+            latlon_points(nlat, nlon, grid).numpy(), shape=(nlat, nlon), name=f"the {nlat}x{nlon} {grid} grid"
         )
         with warnings.catch_warnings():
             # torch-harmonics announces changed defaults (SHT truncation of the spectral position
