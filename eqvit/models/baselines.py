@@ -246,5 +246,5 @@ def vit_ape_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
 @register_model
 def vit_ape_4x128(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
     """``so3vit_4x128`` with a learned APE instead of SO(3)-RoPE (not equivariant)."""
-    model_args = dict(depth=4, embed_dim=128, num_heads=2, posenc="ape")
+    model_args = dict(depth=4, embed_dim=128, num_heads=4, posenc="ape")
     return _create_vit_ape("vit_ape_4x128", pretrained=pretrained, **dict(model_args, **kwargs))
