@@ -319,9 +319,17 @@ class Trainer:
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
         self.persistence = self.task.evaluate(None)
+        # A time budget that binds before the step limit gets a bar in seconds, not in steps.
+        self._bar_in_seconds = tcfg.max_minutes is not None and self.stop_step > 10_000
+        total, done, unit = (
+            (round(60 * tcfg.max_minutes), round(self.train_seconds), "s")
+            if self._bar_in_seconds
+            else (self.stop_step, self.step, "step")
+        )
         self.bar = tqdm(
-            total=self.stop_step,
-            initial=self.step,
+            total=total,
+            initial=done,
+            unit=unit,
             desc=self.config.model.name,
             disable=not self.progress,
             dynamic_ncols=True,
@@ -348,11 +356,13 @@ class Trainer:
                 self.history.train.append({"step": self.step, "time_s": self.train_seconds, "loss": loss})
                 if self.writer is not None:
                     self.writer.add_scalar("train/loss", loss, self.step)
-                self.bar.update(1)
+                self.bar.update(round(self.train_seconds) - self.bar.n if self._bar_in_seconds else 1)
                 if self.step % tcfg.log_every == 0:
                     rate = self.config.data.batch_size * len(self.history.train) / max(self.train_seconds, 1e-9)
                     lr = self.optimizer.param_groups[0]["lr"]
-                    self.bar.set_postfix(loss=f"{self._running:.4f}", lr=f"{lr:.1e}", samples_s=f"{rate:.2f}")
+                    self.bar.set_postfix(
+                        step=self.step, loss=f"{self._running:.4f}", lr=f"{lr:.1e}", samples_s=f"{rate:.2f}"
+                    )
                 if tcfg.eval_every and self.step % tcfg.eval_every == 0:
                     metrics = self.evaluate()
                     self.history.evals.append(_eval_row(self.step, metrics))
