@@ -113,6 +113,7 @@ def _plot_history(history: History, persistence_l2: float, path: Path, title: st
     ax1.set_ylabel("train loss (weighted MSE)")
     ax2.plot([h["step"] for h in history.evals], [h["rel_l2"] for h in history.evals], "o-", label="model")
     ax2.axhline(persistence_l2, color="gray", ls="--", label="persistence")
+    ax2.set_xlim(left=0)
     ax2.set_xlabel("step")
     ax2.set_ylabel("validation relative L2")
     ax2.legend()
