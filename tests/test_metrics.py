@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from sphere_points import fibonacci_sphere
 
 from eqvit.train.metrics import (
     SphereErrorMap,
@@ -15,14 +16,6 @@ from eqvit.train.metrics import (
 )
 
 NLAT, NLON = 16, 32
-
-
-def fibonacci_sphere(n: int) -> torch.Tensor:
-    i = torch.arange(n, dtype=torch.float64) + 0.5
-    z = 1.0 - 2.0 * i / n
-    phi = math.pi * (1.0 + 5.0**0.5) * i
-    r = (1.0 - z * z).sqrt()
-    return torch.stack((r * torch.cos(phi), r * torch.sin(phi), z), dim=1)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from sphere_points import fibonacci_sphere
 
 from eqvit.data.shallow_water import (
     ShallowWaterConfig,
@@ -24,14 +25,6 @@ from eqvit.data.shallow_water import (
     points_hash,
     real_sh_basis,
 )
-
-
-def fibonacci_sphere(n: int) -> torch.Tensor:
-    i = torch.arange(n, dtype=torch.float64) + 0.5
-    z = 1.0 - 2.0 * i / n
-    phi = math.pi * (1.0 + 5.0**0.5) * i
-    r = (1.0 - z * z).sqrt()
-    return torch.stack((r * torch.cos(phi), r * torch.sin(phi), z), dim=1)
 
 
 def rel_err_per_channel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

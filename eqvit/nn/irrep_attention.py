@@ -29,14 +29,18 @@ from eqvit.nn.linear import IrrepLinear
 ATTENTION_LAYOUTS = ("coupled", "irrepwise")
 
 
-def coupled_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
-    """Head r holds copies ``[r C_rho / h, (r + 1) C_rho / h)`` of every irrep."""
+def _check_divisible(ftype: FeatureType, num_heads: int, what: str) -> None:
+    """ValueError unless every irrep multiplicity of ``ftype`` splits evenly over ``num_heads``."""
     bad = [rho.name for _, rho, c, _ in ftype.blocks() if c % num_heads]
     if bad:
         raise ValueError(
-            f"coupled attention with {num_heads} heads needs every multiplicity divisible by {num_heads}; "
-            f"{ftype} has irreps {bad} that are not"
+            f"{what} needs every multiplicity divisible by {num_heads}; {ftype} has irreps {bad} that are not"
         )
+
+
+def coupled_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
+    """Head r holds copies ``[r C_rho / h, (r + 1) C_rho / h)`` of every irrep."""
+    _check_divisible(ftype, num_heads, f"coupled attention with {num_heads} heads")
     heads = []
     for r in range(num_heads):
         idx = []
@@ -49,12 +53,7 @@ def coupled_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
 
 def irrepwise_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
     """``num_heads`` heads per irrep, each holding ``C_rho / num_heads`` copies of that irrep only."""
-    bad = [rho.name for _, rho, c, _ in ftype.blocks() if c % num_heads]
-    if bad:
-        raise ValueError(
-            f"irrep-wise attention with {num_heads} heads per irrep needs every multiplicity divisible by "
-            f"{num_heads}; {ftype} has irreps {bad} that are not"
-        )
+    _check_divisible(ftype, num_heads, f"irrep-wise attention with {num_heads} heads per irrep")
     heads = []
     for _, rho, c, sl in ftype.blocks():
         size = c // num_heads * rho.dim
