@@ -12,10 +12,19 @@ _LAZY = {
     "ShallowWaterStream": "shallow_water",
     "ValidationSet": "shallow_water",
     "latlon_points": "shallow_water",
+    "POINTCLOUD_CLASSES": "pointclouds",
+    "PointCloudSet": "pointclouds",
+    "PointCloudSplits": "pointclouds",
+    "plot_pointclouds": "pointclouds",
+    "pointcloud_splits": "pointclouds",
+    "synthetic_pointclouds": "pointclouds",
 }
 
 __all__ = [
+    "POINTCLOUD_CLASSES",
     "ImageFolderDataset",
+    "PointCloudSet",
+    "PointCloudSplits",
     "ShallowWaterConfig",
     "ShallowWaterData",
     "ShallowWaterStream",
@@ -23,7 +32,10 @@ __all__ = [
     "ValidationSet",
     "image_folder_split",
     "latlon_points",
+    "plot_pointclouds",
+    "pointcloud_splits",
     "rotated_mnist",
+    "synthetic_pointclouds",
 ]
 
 
