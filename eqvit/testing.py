@@ -90,6 +90,15 @@ def invariant_action(matrix: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _cast(inputs: torch.Tensor | tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor | tuple:
+    return tuple(t.to(dtype) for t in inputs) if isinstance(inputs, tuple) else inputs.to(dtype)
+
+
+def _call(model: Callable, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Models with several inputs (point clouds: ``model(pos, feat)``) get a tuple."""
+    return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+
+
 def _resolve_group(model: nn.Module, group: FiniteGroup | str | None) -> FiniteGroup | str:
     if group is None:
         group = getattr(model, "group", None)
@@ -119,7 +128,8 @@ def assert_equivariant(
         model: an ``nn.Module`` (copied and cast to ``dtype``) or a plain function.
         group: a FiniteGroup, a name for :func:`get_group`, or ``"SO3"`` for ``num_rotations``
             random rotations; defaults to ``model.group``.
-        inputs: the input ``x``; by default standard normal of shape
+        inputs: the input ``x`` (a tuple for models called with several inputs); by default
+            ``model.domain.random_input(batch_size, model.in_chans)``, e.g. standard normal
             ``[batch_size, model.in_chans, *model.domain.shape]``.
         input_action: ``action(matrix, x)``; defaults to ``model.domain.act``.
         output_action: ``action(matrix, y)``, or ``"invariant"``, or ``"same"`` (the input
@@ -153,8 +163,8 @@ def assert_equivariant(
     if inputs is None:
         if domain is None or not hasattr(model, "in_chans"):
             raise ValueError("pass inputs=... (model lacks .domain or .in_chans to build a random input)")
-        inputs = torch.randn(batch_size, model.in_chans, *domain.shape, generator=gen, dtype=torch.float64)
-    x = inputs.to(dtype)
+        inputs = domain.random_input(batch_size, model.in_chans, generator=gen)
+    x = _cast(inputs, dtype)
 
     if isinstance(model, nn.Module):
         model = copy.deepcopy(model).to(dtype).eval()
@@ -169,7 +179,7 @@ def assert_equivariant(
 
     rows = []
     with torch.no_grad():
-        y = model(x)
+        y = _call(model, x)
         if not torch.isfinite(y).all() or y.abs().max().item() == 0.0:
             # A zero (or non-finite) output passes any comparison: refuse the vacuous check.
             raise ValueError(
@@ -178,7 +188,7 @@ def assert_equivariant(
             )
         for k, g in enumerate(matrices):
             expected = output_action(g, y)
-            got = model(input_action(g, x))
+            got = _call(model, input_action(g, x))
             abs_err = (got - expected).abs().max().item()
             scale = expected.abs().max().item()
             rows.append((f"{k:>3} {describe_element(g)}", abs_err, abs_err / max(scale, 1e-300)))

@@ -80,9 +80,16 @@ def randomise_(model: nn.Module, seed: int = 0, skip: tuple[str, ...] = ()) -> n
     return model
 
 
-def random_input(model: nn.Module, batch: int = 2, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+def random_input(
+    model: nn.Module, batch: int = 2, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """What the model's domain feeds: a field ``[B, C, *shape]``, or ``(pos, feat)`` for point clouds."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, model.in_chans, *model.domain.shape, generator=gen, dtype=torch.float64).to(dtype)
+    return model.domain.random_input(batch, model.in_chans, generator=gen, dtype=dtype)
+
+
+def call(model: nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return model(*x) if isinstance(x, tuple) else model(x)
 
 
 def output_shape(model: nn.Module, batch: int) -> tuple[int, ...]:
@@ -109,7 +116,7 @@ def test_registry_is_not_empty():
 def test_forward_backward(name):
     model = randomise_(build(name)).train()
     x = random_input(model)
-    out = model(x)
+    out = call(model, x)
     assert out.shape == output_shape(model, 2)
     assert torch.isfinite(out).all()
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
@@ -128,7 +135,7 @@ def test_forward_as_built(name):
     model = build(name).eval()
     x = random_input(model, batch=1)
     with torch.no_grad():
-        a, b = model(x), model(x)
+        a, b = call(model, x), call(model, x)
     assert a.shape == output_shape(model, 1)
     assert torch.isfinite(a).all() and torch.equal(a, b)
 
@@ -151,7 +158,7 @@ def test_equivariant_to_declared_group(name):
         pytest.skip(f"{name} declares no symmetry (group is None)")
     randomise_(model)
     with torch.no_grad():
-        y = copy.deepcopy(model).double().eval()(random_input(model, dtype=torch.float64))
+        y = call(copy.deepcopy(model).double().eval(), random_input(model, dtype=torch.float64))
     assert y.abs().max() > 1e-2, "output is (near) zero: the equivariance check would be vacuous"
     report = assert_equivariant(model)  # float64, default tolerance 1e-10
     assert report.passed and len(report.rows) == model.group.order
@@ -318,7 +325,7 @@ def test_fused_attention_matches_reference(name):
     assert all(b.attn.fused for b in fused.blocks) and not any(b.attn.fused for b in reference.blocks)
     x = random_input(fused)
     with torch.no_grad():
-        a, b = fused(x), reference(x)
+        a, b = call(fused, x), call(reference, x)
     assert a.abs().max() > 1e-2
     torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
 

@@ -6,7 +6,7 @@ Permutation convention everywhere: ``points[perm[i]] == matrix @ points[i]``.
 
 from eqvit.geometry.hexagonal import HEX_BASIS, HexPatchGrid, hexagon_lattice_coords, hexagon_points
 from eqvit.geometry.icosphere import Icosphere, icosphere, spherical_triangle_area
-from eqvit.geometry.points import PointIndex, permutations_for, point_permutation
+from eqvit.geometry.points import PointIndex, fibonacci_sphere, permutations_for, point_permutation
 from eqvit.geometry.square import square_grid
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "HexPatchGrid",
     "Icosphere",
     "PointIndex",
+    "fibonacci_sphere",
     "hexagon_lattice_coords",
     "hexagon_points",
     "icosphere",

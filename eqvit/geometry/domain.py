@@ -61,6 +61,12 @@ class PointDomain:
             shown = ", ".join(str(s) for s in expected)
             raise ValueError(f"expected input of shape [{shown}] on {self.name}, got {list(x.shape)}")
 
+    def random_input(
+        self, batch: int, channels: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
+    ) -> torch.Tensor:
+        """Standard normal fields ``[batch, channels, *shape]`` (what tests and benchmarks feed)."""
+        return torch.randn(batch, channels, *self.shape, generator=generator, dtype=torch.float64).to(dtype)
+
     def act(self, matrix: np.ndarray, x: torch.Tensor) -> torch.Tensor:
         """Apply the group element ``matrix`` to the field ``x [..., *shape]``."""
         perm = torch.as_tensor(self.permutation(matrix), device=x.device)
@@ -68,3 +74,46 @@ class PointDomain:
         out = torch.empty_like(flat)
         out[..., perm] = flat
         return out.reshape(x.shape)
+
+
+class PointCloudDomain:
+    """Point clouds: inputs are ``(pos [B, N, d], feat [B, N, C])``; models are called ``model(pos, feat)``.
+
+    An orthogonal matrix g acts on the positions only, ``pos -> pos g^T`` (features are scalars).
+    Point order carries no information, so there is no ``points`` array: the cloud is the input.
+
+    Args:
+        dim: d, the dimension of the positions (3 for 3-D point clouds).
+        num_points: N used by :meth:`random_input`.
+    """
+
+    def __init__(self, dim: int = 3, num_points: int = 64) -> None:
+        self.dim, self.num_points = dim, num_points
+        self.name = f"{dim}-D point clouds"
+
+    def __repr__(self) -> str:
+        return f"PointCloudDomain(dim={self.dim})"
+
+    def check(self, inputs: tuple[torch.Tensor, torch.Tensor], channels: int | None = None) -> None:
+        """ValueError unless ``inputs`` is ``(pos [B, N, d], feat [B, N, channels])``."""
+        pos, feat = inputs
+        c = channels if channels is not None else "C"
+        ok = pos.ndim == 3 and pos.shape[-1] == self.dim and feat.ndim == 3 and feat.shape[:2] == pos.shape[:2]
+        ok = ok and (channels is None or feat.shape[-1] == channels)
+        if not ok:
+            raise ValueError(
+                f"expected pos [B, N, {self.dim}] and feat [B, N, {c}], got {list(pos.shape)} and {list(feat.shape)}"
+            )
+
+    def random_input(
+        self, batch: int, channels: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Standard normal positions ``[batch, N, d]`` and features ``[batch, N, channels]``."""
+        pos = torch.randn(batch, self.num_points, self.dim, generator=generator, dtype=torch.float64)
+        feat = torch.randn(batch, self.num_points, channels, generator=generator, dtype=torch.float64)
+        return pos.to(dtype), feat.to(dtype)
+
+    def act(self, matrix: np.ndarray, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate (or reflect) every position by ``matrix``; features are unchanged."""
+        pos, feat = inputs
+        return pos @ torch.as_tensor(np.array(matrix), dtype=pos.dtype, device=pos.device).T, feat

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PointIndex", "permutations_for", "point_permutation"]
+__all__ = ["PointIndex", "fibonacci_sphere", "permutations_for", "point_permutation"]
 
 # A fixed direction whose component ratios are transcendental, so no two distinct points with
 # algebraic coordinates (lattices with sqrt(3), icospheres with sqrt(5)) project to one value.
@@ -167,3 +167,14 @@ def permutations_for(points: np.ndarray, matrices: np.ndarray, atol: float = 1e-
     if len(matrices) == 0:
         return np.zeros((0, len(index)), dtype=np.int64)
     return np.stack([index.permutation(m) for m in matrices])
+
+
+def fibonacci_sphere(n: int) -> np.ndarray:
+    """``[n, 3]`` float64 nearly uniform unit vectors on a golden-angle spiral (deterministic)."""
+    if n < 1:
+        raise ValueError(f"expected a positive number of points, got {n}")
+    k = np.arange(n, dtype=np.float64) + 0.5
+    z = 1.0 - 2.0 * k / n
+    phi = k * np.pi * (3.0 - np.sqrt(5.0))
+    s = np.sqrt(np.clip(1.0 - z * z, 0.0, None))
+    return np.stack([s * np.cos(phi), s * np.sin(phi), z], axis=-1)

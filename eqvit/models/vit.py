@@ -132,3 +132,25 @@ class EquivariantViT(nn.Module):
             self.domain.check(x, self.in_chans)
         out = self.forward_head(self.forward_features(x))
         return out + x if self.residual else out
+
+
+class PointCloudViT(EquivariantViT):
+    """The common ViT on point clouds: ``model(pos [B, N, d], feat [B, N, C])``.
+
+    Tokens are the points. Positions change per sample, so the rotary scheme is bound to each
+    batch (``posenc.bind(pos)``); positions are centred first, which makes the model exactly
+    translation invariant. There are no prefix tokens and no token order.
+    """
+
+    def forward_features(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """``(pos [B, N, d], feat [B, N, C]) ->`` normalised tokens ``[B, N, embed_dim]``."""
+        centred = pos - pos.mean(dim=1, keepdim=True)
+        tokens = self.pos_drop(self.tokenizer(centred, feat))
+        rope = self.posenc.bind(centred) if self.posenc.is_rotary else None
+        for block in self.blocks:
+            tokens = block(tokens, rope, 0)
+        return self.norm(tokens)
+
+    def forward(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        self.domain.check((pos, feat), self.in_chans)
+        return self.forward_head(self.forward_features(pos, feat))

@@ -1,0 +1,193 @@
+"""Platonic Transformer blocks on regular features ``[B, N, |G| * C]`` (Platonic Transformer seed).
+
+The computation graph is a standard ViT's at width ``|G| * C``: group-convolution linears
+(:class:`~eqvit.nn.regular.GroupConvLinear`) replace the dense ones, frames become extra heads
+of SDPA, and norms / LayerScale share their parameters across frames.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eqvit.groups import FiniteGroup
+from eqvit.nn.layers import DropPath
+from eqvit.nn.posenc.base import PositionalScheme
+from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm, RegularLayerScale
+
+SCORES = ("frames", "invariant")
+
+
+class PlatonicAttention(nn.Module):
+    """Self-attention on regular features with frames as heads.
+
+    Per frame, ``C`` channels split into ``H`` heads of ``D = C / H``. ``scores="frames"`` (the
+    seed's default) runs ``|G| * H`` independent heads ``[B, |G| H, N, D]``, one attention pattern
+    per frame; ``scores="invariant"`` (seed eq. 13) merges frames into the head channels,
+    ``[B, H, N, |G| D]``, so each score sums the frames' scores before the softmax and one pattern
+    is shared by all frames. Rotary schemes (frame RoPE) get ``q, k [B, N, |G| H, D]``.
+
+    Args:
+        group: the frames G.
+        channels: C per frame.
+        num_heads: H per frame.
+        qkv_bias, qk_norm: as in timm (qk-norm is a LayerNorm over D, shared across frames and heads).
+        attn_drop, proj_drop: dropout rates.
+        fused: SDPA (True) or the explicit softmax reference path (False).
+        scores: ``"frames"`` or ``"invariant"``.
+        impl: :class:`GroupConvLinear` implementation.
+    """
+
+    def __init__(
+        self,
+        group: FiniteGroup,
+        channels: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused: bool = True,
+        scores: str = "frames",
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        if channels % num_heads:
+            raise ValueError(f"channels per frame {channels} must be divisible by num_heads {num_heads}")
+        if scores not in SCORES:
+            raise ValueError(f"unknown scores {scores!r}; valid: {', '.join(SCORES)}")
+        self.order, self.channels, self.num_heads = group.order, channels, num_heads
+        self.head_dim = channels // num_heads
+        self.scores, self.fused, self.attn_drop = scores, fused, attn_drop
+        self.qkv = GroupConvLinear(group, channels, 3 * channels, bias=qkv_bias, impl=impl)
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.proj = GroupConvLinear(group, channels, channels, impl=impl)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(
+        self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
+    ) -> torch.Tensor:
+        """``x [B, N, |G| C] -> [B, N, |G| C]``."""
+        B, N, _ = x.shape
+        G, H, D = self.order, self.num_heads, self.head_dim
+        # Per frame the qkv channels are (3, H, D); frames-major heads: [B, N, G * H, D].
+        q, k, v = self.qkv(x).reshape(B, N, G, 3, H, D).unbind(3)
+        q, k = self.q_norm(q).reshape(B, N, G * H, D), self.k_norm(k).reshape(B, N, G * H, D)
+        if rope is not None:
+            q, k = rope.rotate_qk_tokens(q, k, num_prefix_tokens)
+        if self.scores == "frames":
+            q, k, v = (t.reshape(B, N, G * H, D).transpose(1, 2) for t in (q, k, v))  # [B, G H, N, D]
+        else:  # merge frames into the head channels: [B, H, N, G D]
+            q, k, v = (t.reshape(B, N, G, H, D).permute(0, 3, 1, 2, 4).reshape(B, H, N, G * D) for t in (q, k, v))
+        out = self._attend(q, k, v)
+        if self.scores == "frames":
+            out = out.transpose(1, 2)  # [B, N, G H, D], already frames-major
+        else:
+            out = out.reshape(B, H, N, G, D).permute(0, 2, 3, 1, 4)  # [B, N, G, H, D]
+        return self.proj_drop(self.proj(out.reshape(B, N, G * H * D)))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        dropout = self.attn_drop if self.training else 0.0
+        if self.fused:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        attn = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+        return F.dropout(attn.softmax(dim=-1), dropout, self.training) @ v
+
+
+class PlatonicMlp(nn.Module):
+    """Group-convolution MLP: ``GroupConvLinear -> GELU (pointwise, so equivariant) -> GroupConvLinear``."""
+
+    def __init__(self, group: FiniteGroup, channels: int, hidden: int, drop: float = 0.0, impl: str = "auto") -> None:
+        super().__init__()
+        self.fc1 = GroupConvLinear(group, channels, hidden, impl=impl)
+        self.act = nn.GELU()
+        self.fc2 = GroupConvLinear(group, hidden, channels, impl=impl)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class PlatonicBlock(nn.Module):
+    """Pre-norm block ``x + ls1(attn(norm1(x)))``, ``x + ls2(mlp(norm2(x)))`` on ``[B, N, |G| C]``.
+
+    ``init_values`` enables LayerScale (a gamma ``[C]`` shared across frames); ``None`` leaves it out.
+    """
+
+    def __init__(
+        self,
+        group: FiniteGroup,
+        channels: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        fused_attn: bool = True,
+        scores: str = "frames",
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        G = group.order
+        self.norm1 = RegularLayerNorm(G, channels)
+        self.attn = PlatonicAttention(
+            group, channels, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused_attn, scores, impl
+        )
+        self.ls1 = RegularLayerScale(G, channels, init_values) if init_values is not None else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = RegularLayerNorm(G, channels)
+        self.mlp = PlatonicMlp(group, channels, int(channels * mlp_ratio), drop, impl)
+        self.ls2 = RegularLayerScale(G, channels, init_values) if init_values is not None else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(
+        self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
+    ) -> torch.Tensor:
+        """``x [B, N, |G| C] -> [B, N, |G| C]``."""
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope, num_prefix_tokens)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class FramePool(nn.Module):
+    """Average over frames: regular features ``[..., |G| * C]`` -> invariant ``[..., C]``."""
+
+    def __init__(self, group_order: int) -> None:
+        super().__init__()
+        self.order = group_order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.order, -1)).mean(-2)
+
+
+class InvariantPoolHead(nn.Module):
+    """Classification readout: mean over tokens and frames ``[B, N, |G| C] -> [B, C]``, then a linear."""
+
+    def __init__(self, group_order: int, channels: int, num_classes: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.pool = FramePool(group_order)
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(self.pool(tokens.mean(1))))
+
+
+class FramePoolDense(nn.Module):
+    """Dense readout: pool each token over frames, then a dense head on the invariant tokens.
+
+    ``tokens [B, N, |G| C] -> head(tokens pooled to [B, N, C])``, e.g. the icosphere projection
+    convolution back onto the vertices, ``[B, C_out, V]``.
+    """
+
+    def __init__(self, group_order: int, head: nn.Module) -> None:
+        super().__init__()
+        self.pool = FramePool(group_order)
+        self.head = head
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(tokens))

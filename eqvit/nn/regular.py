@@ -1,0 +1,211 @@
+"""Layers on regular features: functions on a finite group G (Platonic Transformer seed, Sec. 3).
+
+A token's feature is ``f: G -> R^C`` stored flat as ``[..., |G| * C]``, frame-major (entry
+``g * C + c`` is channel c seen from frame ``R_g``). G acts by ``(L_g f)(R) = f(g^-1 R)``, a
+permutation of the frame axis: with the Cayley table, frame j of ``L_g f`` is frame
+``cayley[inverse[g], j]`` of ``f``. Every layer here commutes with that permutation:
+
+- :class:`LiftToGroup`: scalars copied over frames, vectors seen from each frame ``f(R) = R^-1 u``;
+- :class:`GroupConvLinear`: group convolution ``y(R) = sum_h W(h) f(R h)``, i.e. the block matrix
+  ``[W]_{R, R'} = W(R^-1 R')``, as a Cayley-gathered dense matrix or in the Fourier domain;
+- :class:`RegularLayerNorm`, :class:`RegularLayerScale`: statistics and scales shared across frames;
+- :func:`frame_action`: the action itself, for tests and users.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eqvit.groups import FiniteGroup
+from eqvit.nn.buffers import ExactBuffers
+
+IMPLEMENTATIONS = ("auto", "cayley", "fourier")
+
+
+def frame_action(group: FiniteGroup, g: int, x: torch.Tensor) -> torch.Tensor:
+    """``L_g`` on regular features ``x [..., |G| * C]``: ``(L_g f)(R_j) = f(R_{cayley[g^-1, j]})``."""
+    G = group.order
+    source = torch.as_tensor(np.array(group.cayley[group.inverse[g]]), device=x.device)
+    return x.unflatten(-1, (G, -1))[..., source, :].flatten(-2)
+
+
+class LiftToGroup(ExactBuffers):
+    """Lift scalars and 3-D (or 2-D) vectors in the global frame to regular features.
+
+    ``scalars [..., S]`` are copied to every frame; ``vectors [..., V, d]`` become
+    ``f(R) = R^T u`` (the vector seen from frame R). Output ``[..., |G| * (S + V * d)]``.
+    """
+
+    def __init__(self, group: FiniteGroup) -> None:
+        super().__init__()
+        self.order, self.dim = group.order, group.dim
+        self.register_exact_buffer("frames", torch.from_numpy(group.elements.copy()))
+
+    def lifted_channels(self, num_scalars: int, num_vectors: int) -> int:
+        """Channels per frame after lifting ``S`` scalars and ``V`` vectors: ``S + V * d``."""
+        return num_scalars + num_vectors * self.dim
+
+    def forward(self, scalars: torch.Tensor | None = None, vectors: torch.Tensor | None = None) -> torch.Tensor:
+        parts = []
+        if scalars is not None:
+            parts.append(scalars.unsqueeze(-2).expand(*scalars.shape[:-1], self.order, scalars.shape[-1]))
+        if vectors is not None:
+            if vectors.shape[-1] != self.dim:
+                raise ValueError(f"expected vectors [..., V, {self.dim}], got {list(vectors.shape)}")
+            # R^T u for every frame R: [..., V, d] -> [..., G, V * d]
+            seen = torch.einsum("gji,...vj->...gvi", self.frames, vectors)
+            parts.append(seen.flatten(-2))
+        if not parts:
+            raise ValueError("LiftToGroup needs scalars, vectors or both")
+        return torch.cat(parts, dim=-1).flatten(-2)
+
+
+def _fourier_matrices(group: FiniteGroup) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The group Fourier transform on C(G): ``T [K, |G|]`` with rows ``rho(g)_{ab}``, its pseudo-inverse.
+
+    ``K = sum_rho dim(rho)^2``. For complex-type irreps the matrix entries are linearly dependent,
+    so the inverse is the pseudo-inverse (exact on the image of T, which every transformed feature
+    lies in). Returns ``(T, T^+, dims)``.
+    """
+    rows = [rho.matrices.reshape(group.order, -1).T for rho in group.irreps]
+    transform = np.concatenate(rows, axis=0)
+    return transform, np.linalg.pinv(transform), [rho.dim for rho in group.irreps]
+
+
+class GroupConvLinear(ExactBuffers):
+    """Equivariant linear map on regular features: a group convolution over the frames.
+
+    ``y(R) = sum_h W(h) f(R h) + b``, i.e. ``[W]_{R, R'} = W(R^-1 R')`` (seed eq. for Phi), with a
+    kernel ``W: G -> R^{C_out x C_in}`` (``|G|`` times fewer parameters than a dense layer of the
+    same size) and a bias shared over frames. Two exact implementations:
+
+    - ``"cayley"``: gather the ``[|G| C_out, |G| C_in]`` matrix through the Cayley table, one GEMM;
+    - ``"fourier"``: transform the frame axis with the irreps, apply ``W_hat(rho) = sum_h rho(h) x W(h)``
+      per irrep (``sum dim^3`` instead of ``|G|^2`` multiply-adds per channel pair), transform back.
+
+    ``"auto"`` picks the Fourier form when it needs under a third of the dense form's multiply-adds
+    (the dense GEMM runs closer to peak; see ``benchmarks/platonic_speed.py``).
+
+    Args:
+        group: the frames G.
+        in_channels, out_channels: C_in, C_out per frame.
+        bias: a bias ``[C_out]`` shared by all frames.
+        impl: ``"auto"``, ``"cayley"`` or ``"fourier"``.
+
+    Shapes: ``[..., |G| * C_in] -> [..., |G| * C_out]``.
+    """
+
+    def __init__(
+        self, group: FiniteGroup, in_channels: int, out_channels: int, bias: bool = True, impl: str = "auto"
+    ) -> None:
+        super().__init__()
+        if impl not in IMPLEMENTATIONS:
+            raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLEMENTATIONS)}")
+        G = group.order
+        self.order, self.in_channels, self.out_channels = G, in_channels, out_channels
+        self.weight = nn.Parameter(torch.empty(G, out_channels, in_channels))
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        # kernel_index[r, s] = index of R_r^-1 R_s: which kernel value sits in block (r, s).
+        kernel_index = group.cayley[group.inverse[:, None], np.arange(G)[None, :]]
+        self.register_buffer("kernel_index", torch.from_numpy(kernel_index), persistent=False)
+        transform, inverse, dims = _fourier_matrices(group)
+        self.irrep_dims = dims
+        # Float64 masters, so a float64 equivariance check sees exact transforms after .float().double().
+        self.register_exact_buffer("fourier", torch.from_numpy(transform))
+        self.register_exact_buffer("inverse_fourier", torch.from_numpy(inverse))
+        irrep_entries = np.concatenate([rho.matrices.reshape(G, -1) for rho in group.irreps], axis=1)
+        self.register_exact_buffer("irrep_matrices", torch.from_numpy(irrep_entries))
+        if impl == "auto":
+            impl = "fourier" if self.fourier_cost() < self.cayley_cost() / 3 else "cayley"
+        self.impl = impl
+        nn.init.trunc_normal_(self.weight, std=0.02)
+
+    def cayley_cost(self) -> int:
+        """Multiply-adds per token of the dense form."""
+        return self.order**2 * self.in_channels * self.out_channels
+
+    def fourier_cost(self) -> int:
+        """Multiply-adds per token of the Fourier form (transforms plus block products)."""
+        K = sum(d * d for d in self.irrep_dims)
+        blocks = sum(d**3 for d in self.irrep_dims) * self.in_channels * self.out_channels
+        return self.order * K * (self.in_channels + self.out_channels) + blocks
+
+    def extra_repr(self) -> str:
+        return (
+            f"group_order={self.order}, in_channels={self.in_channels}, out_channels={self.out_channels}, "
+            f"bias={self.bias is not None}, impl={self.impl!r}"
+        )
+
+    def dense_weight(self) -> torch.Tensor:
+        """The equivariant ``[|G| C_out, |G| C_in]`` matrix: block (r, s) is ``W(R_r^-1 R_s)``."""
+        G, O, I = self.order, self.out_channels, self.in_channels
+        return self.weight[self.kernel_index].permute(0, 2, 1, 3).reshape(G * O, G * I)
+
+    def dense_bias(self) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.repeat(self.order)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.order * self.in_channels:
+            raise ValueError(
+                f"expected regular features [..., {self.order} * {self.in_channels}], got {list(x.shape)}"
+            )
+        if self.impl == "cayley":
+            return F.linear(x, self.dense_weight(), self.dense_bias())
+        return self.forward_fourier(x)
+
+    def forward_fourier(self, x: torch.Tensor) -> torch.Tensor:
+        """The Fourier-domain form: ``f_hat(rho) = sum_g f(g) rho(g)``, ``y_hat = f_hat W_hat``, back."""
+        G, O, I = self.order, self.out_channels, self.in_channels
+        lead = x.shape[:-1]
+        x = x.reshape(-1, G, I)
+        x_hat = torch.matmul(self.fourier, x)  # [M, K, C_in]
+        mats = self.irrep_matrices
+        outputs, row, col = [], 0, 0
+        for d in self.irrep_dims:
+            rho = mats[:, col : col + d * d].reshape(G, d, d)
+            # W_hat[(b', o), (b, i)] = sum_h rho(h)[b', b] W(h)[o, i]
+            w_hat = torch.einsum("hpb,hoi->pobi", rho, self.weight).reshape(d * O, d * I)
+            block = x_hat[:, row : row + d * d].reshape(-1, d, d * I)  # [M, a, (b, i)]
+            outputs.append((block @ w_hat.T).reshape(-1, d * d, O))
+            row, col = row + d * d, col + d * d
+        y = torch.matmul(self.inverse_fourier, torch.cat(outputs, dim=1))  # [M, G, C_out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, G * O)
+
+
+class RegularLayerNorm(nn.Module):
+    """LayerNorm over all ``|G| * C`` entries of a token, affine ``[C]`` shared across frames.
+
+    The mean and variance over every frame are invariant to permuting frames, and a per-channel
+    scale that is the same in every frame commutes with that permutation.
+    """
+
+    def __init__(self, group_order: int, channels: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.order, self.channels, self.eps = group_order, channels, eps
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        G = self.order
+        return F.layer_norm(x, (G * self.channels,), self.weight.repeat(G), self.bias.repeat(G), self.eps)
+
+
+class RegularLayerScale(nn.Module):
+    """LayerScale with one gamma per channel, ``[C]``, shared by all frames.
+
+    A gamma of shape ``[|G| * C]`` (one per frame and channel) would scale frames differently and
+    break equivariance; ``tests/test_platonic.py`` checks that it does.
+    """
+
+    def __init__(self, group_order: int, channels: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.order = group_order
+        self.gamma = nn.Parameter(torch.full((channels,), float(init_values)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.unflatten(-1, (self.order, -1)) * self.gamma).flatten(-2)
