@@ -223,7 +223,9 @@ def build_platonic(
             head=InvariantPoolHead(frames.order, channels, num_classes or 10, drop_rate),
             posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
             domain=PointDomain(
-                square_grid(img_size, img_size), shape=(img_size, img_size), name=f"the {img_size}x{img_size} square grid"
+                square_grid(img_size, img_size),
+                shape=(img_size, img_size),
+                name=f"the {img_size}x{img_size} square grid",
             ),
             out_chans=num_classes or 10,
             output_action="invariant",

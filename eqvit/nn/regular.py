@@ -149,9 +149,7 @@ class GroupConvLinear(ExactBuffers):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.order * self.in_channels:
-            raise ValueError(
-                f"expected regular features [..., {self.order} * {self.in_channels}], got {list(x.shape)}"
-            )
+            raise ValueError(f"expected regular features [..., {self.order} * {self.in_channels}], got {list(x.shape)}")
         if self.impl == "cayley":
             return F.linear(x, self.dense_weight(), self.dense_bias())
         return self.forward_fourier(x)

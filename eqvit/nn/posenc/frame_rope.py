@@ -21,7 +21,9 @@ from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.posenc.base import PositionalScheme
 
 
-def default_frequencies(num_heads: int, head_dim: int, dim: int, min_wavelength: float, max_wavelength: float) -> np.ndarray:
+def default_frequencies(
+    num_heads: int, head_dim: int, dim: int, min_wavelength: float, max_wavelength: float
+) -> np.ndarray:
     """``[H, D/2, dim]`` frequency vectors: log-spaced magnitudes, directions spread over the sphere.
 
     Magnitudes ``2 pi / lambda`` with ``lambda`` geometric from ``max_wavelength`` to
@@ -104,7 +106,9 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
             raise ValueError(f"expected positions [..., N, {self.dim}], got {list(positions.shape)}")
 
     @staticmethod
-    def _cos_sin(positions: torch.Tensor, freqs: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cos_sin(
+        positions: torch.Tensor, freqs: torch.Tensor, frames: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Angles ``omega_{h,k} . (R_g^T p_n)`` as cos/sin ``[..., N, G * H, D/2]``."""
         # Steer the frequencies instead of the positions (seed App. D): omega . R^T p = (R omega) . p.
         steered = torch.einsum("gij,hkj->ghki", frames, freqs)  # [G, H, D/2, d]

@@ -49,7 +49,9 @@ class LiftedSquarePatchEmbed(nn.Module):
             # steer[g, v] = pixel u with u = R_g^-1 v, so the frame-g kernel is W(R_g^-1 v).
             steer = np.stack([point_permutation(offsets, R.T) for R in group.elements])
         except ValueError as err:
-            raise ValueError(f"frames {group.name} do not map the square patch onto itself: use a subgroup of D4") from err
+            raise ValueError(
+                f"frames {group.name} do not map the square patch onto itself: use a subgroup of D4"
+            ) from err
         self.order, self.in_chans, self.channels = group.order, in_chans, channels
         self.img_size, self.patch_size = img_size, patch_size
         self.register_buffer("steer", torch.from_numpy(steer), persistent=False)
