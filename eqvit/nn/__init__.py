@@ -8,7 +8,23 @@ from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, DropPath, Mlp
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
-from eqvit.nn.posenc import LatitudeEncoding, LearnedAPE, NoPositionalEncoding, PositionalScheme, SO3RoPE
+from eqvit.nn.platonic import (
+    FramePool,
+    FramePoolDense,
+    InvariantPoolHead,
+    PlatonicAttention,
+    PlatonicBlock,
+    PlatonicMlp,
+)
+from eqvit.nn.posenc import (
+    FrameRoPE,
+    LatitudeEncoding,
+    LearnedAPE,
+    NoPositionalEncoding,
+    PositionalScheme,
+    SO3RoPE,
+)
+from eqvit.nn.regular import GroupConvLinear, LiftToGroup, RegularLayerNorm, RegularLayerScale, frame_action
 
 __all__ = [
     "Attention",
@@ -16,7 +32,12 @@ __all__ = [
     "DropPath",
     "FeatureType",
     "FourierActivation",
+    "FramePool",
+    "FramePoolDense",
+    "FrameRoPE",
+    "GroupConvLinear",
     "InvariantHead",
+    "InvariantPoolHead",
     "IrrepAttention",
     "IrrepBlock",
     "IrrepLayerNorm",
@@ -24,8 +45,15 @@ __all__ = [
     "IrrepMlp",
     "LatitudeEncoding",
     "LearnedAPE",
+    "LiftToGroup",
     "Mlp",
     "NoPositionalEncoding",
+    "PlatonicAttention",
+    "PlatonicBlock",
+    "PlatonicMlp",
     "PositionalScheme",
+    "RegularLayerNorm",
+    "RegularLayerScale",
     "SO3RoPE",
+    "frame_action",
 ]
