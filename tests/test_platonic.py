@@ -331,3 +331,13 @@ def test_wrong_point_cloud_input_is_a_value_error():
         model(torch.randn(2, 10, 2), torch.randn(2, 10, 1))
     with pytest.raises(ValueError, match=re.escape("got [2, 10, 3] and [2, 9, 1]")):
         model(torch.randn(2, 10, 3), torch.randn(2, 9, 1))
+
+
+def test_sphere_model_with_latitude_encoding_keeps_the_rotations_about_z():
+    torch.manual_seed(0)
+    model = randomise_(eqvit.create_model("platonic_sphere_tiny", symmetry_breaking="latitude", residual=True))
+    assert model.group.order == 5
+    assert np.allclose(model.group.elements[:, :, 2], [0.0, 0.0, 1.0], atol=1e-12)
+    assert_equivariant(model, batch_size=1)
+    with pytest.raises(EquivarianceError):
+        assert_equivariant(model, "I", batch_size=1)

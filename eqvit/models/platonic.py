@@ -27,10 +27,10 @@ from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.groups.base import match_matrices
 from eqvit.models._registry import register_model, strip_timm_kwargs
-from eqvit.models.so3vit import icosphere_domain
+from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
 from eqvit.models.vit import EquivariantViT, PointCloudViT
 from eqvit.nn.platonic import FramePoolDense, InvariantPoolHead, PlatonicBlock
-from eqvit.nn.posenc.frame_rope import FrameRoPE
+from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding
 from eqvit.nn.regular import RegularLayerNorm
 from eqvit.nn.tokenizers.icosphere import IcosphereUnpatchify
 from eqvit.nn.tokenizers.platonic import LiftedIcosphereEmbed, LiftedPointEmbed, LiftedSquarePatchEmbed
@@ -155,6 +155,9 @@ def build_platonic(
     patch_size: int = 4,
     input_level: int = 5,
     patch_level: int = 2,
+    symmetry_breaking: str | None = None,
+    latitude_degree: int = 8,
+    residual: bool = False,
     num_points: int = 64,
 ) -> EquivariantViT:
     """Build a Platonic Transformer of ``kind`` ``"points"``, ``"image"`` or ``"sphere"``."""
@@ -170,6 +173,10 @@ def build_platonic(
         frames, symmetry = sphere_frames(group)
     else:
         raise ValueError(f"unknown kind {kind!r}; valid: points, image, sphere")
+    if kind != "sphere" and (symmetry_breaking is not None or residual):
+        raise ValueError(f"symmetry_breaking and residual apply to sphere models only, not kind {kind!r}")
+    if symmetry_breaking not in SYMMETRY_BREAKING:
+        raise ValueError(f"unknown symmetry_breaking {symmetry_breaking!r}; valid: None, 'latitude'")
     heads = default_heads(frames, num_heads)
     if embed_dim is None:
         if target_width is None:
@@ -235,11 +242,18 @@ def build_platonic(
         tokenizer = LiftedIcosphereEmbed(frames, in_chans, channels, input_level, patch_level)
         out = out_chans or in_chans
         rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
+        domain = icosphere_domain(input_level)
+        input_encoding = None
+        if symmetry_breaking == "latitude":  # the rotating sphere: keep only the rotations about z
+            input_encoding = LatitudeEncoding(domain.points, in_chans, latitude_degree)
+            common["group"] = rotations_about_z(symmetry)
         model = EquivariantViT(
             tokenizer=tokenizer,
             head=FramePoolDense(frames.order, IcosphereUnpatchify(channels, out, input_level, patch_level)),
             posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
-            domain=icosphere_domain(input_level),
+            domain=domain,
+            input_encoding=input_encoding,
+            residual=residual,
             out_chans=out,
             **common,
         )
