@@ -61,6 +61,10 @@ class PointDomain:
             shown = ", ".join(str(s) for s in expected)
             raise ValueError(f"expected input of shape [{shown}] on {self.name}, got {list(x.shape)}")
 
+    def describe_input(self, channels: int | str = "C") -> str:
+        """The input layout in words, e.g. ``[B, 3, 10242] on icosphere level 5``."""
+        return f"[B, {channels}, {', '.join(str(s) for s in self.shape)}] on {self.name}"
+
     def random_input(
         self, batch: int, channels: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
     ) -> torch.Tensor:
@@ -93,6 +97,9 @@ class PointCloudDomain:
 
     def __repr__(self) -> str:
         return f"PointCloudDomain(dim={self.dim})"
+
+    def describe_input(self, channels: int | str = "C") -> str:
+        return f"pos [B, N, {self.dim}], feat [B, N, {channels}] ({self.name})"
 
     def check(self, inputs: tuple[torch.Tensor, torch.Tensor], channels: int | None = None) -> None:
         """ValueError unless ``inputs`` is ``(pos [B, N, d], feat [B, N, channels])``."""
