@@ -414,3 +414,123 @@ def test_fast_paths_match_dense_references():
     mlp = model.blocks[0].mlp
     x = torch.randn(2, 4, model.embed_dim, dtype=torch.float64)
     torch.testing.assert_close(mlp(x), mlp.fc2(mlp.act.forward_dense(mlp.fc1(x))), rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# fast paths (one gather per dense weight, Fourier bases folded into the MLP, fused qkv, cached
+# weights) against the block-wise / dense references
+
+
+@pytest.mark.parametrize("name", ["D4", "C4", "D6", "C6", "C3"])
+def test_gathered_weight_matrix_matches_blockwise_reference(name):
+    G = get_group(name)
+    V = FeatureType.regular(G, 2)
+    W = FeatureType(G, [k % 3 + 1 for k in range(len(G.irreps))])
+    lin = randomise_(IrrepLinear(V, W)).double()
+    torch.testing.assert_close(lin.weight_matrix(), lin.weight_matrix_reference(), rtol=0, atol=1e-15)
+    b = lin.bias_vector()
+    outside = np.setdiff1d(np.arange(W.dim), W.trivial_index)
+    assert b[outside].abs().max() == 0 and torch.equal(b[W.trivial_index], lin.bias)
+    x = torch.randn(3, V.dim, dtype=torch.float64)
+    torch.testing.assert_close(lin(x), lin.forward_blockwise(x), rtol=0, atol=1e-12)
+    # Gradients reach every irrep-wise parameter through the gather.
+    lin(x).pow(2).sum().backward()
+    assert all(w.grad is not None and w.grad.abs().max() > 0 for w in lin.weights)
+
+
+@pytest.mark.parametrize("spaces", ["regular", "mixed"])
+@pytest.mark.parametrize("name", ["D4", "C6"])
+def test_folded_mlp_matches_fourier_reference(name, spaces):
+    from eqvit.nn.irrep_blocks import IrrepMlp
+
+    G = get_group(name)
+    V = FeatureType.regular(G, 2)
+    space_list = [("regular", 2)] if spaces == "regular" else [("regular", 1)] + [(H, 1) for H in G.subgroups()]
+    mlp = randomise_(IrrepMlp(V, FourierActivation.from_spaces(G, space_list))).double()
+    w1, _, w2, _ = mlp.folded_weights()
+    assert w1.shape == (mlp.act.basis.shape[0], V.dim) and w2.shape == (V.dim, mlp.act.basis.shape[0])  # hidden |X|
+    x = torch.randn(2, 5, V.dim, dtype=torch.float64)
+    y = mlp(x)
+    torch.testing.assert_close(y, mlp.forward_reference(x), rtol=0, atol=1e-10)
+    assert all(rel_err(mlp(V.act(g, x)), V.act(g, y)) < TOL for g in range(G.order))
+    # Same gradients as the reference path.
+    grads = torch.autograd.grad(y.square().sum(), list(mlp.parameters()))
+    ref = torch.autograd.grad(mlp.forward_reference(x).square().sum(), list(mlp.parameters()))
+    for a, b in zip(grads, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_fast_norm_matches_reference_for_default_and_restricted_centres():
+    G = get_group("D4")
+    V = FeatureType(G, [2, 1, 3, 1, 2])
+    x = torch.randn(4, 3, V.dim, dtype=torch.float64) + 0.5
+    for center in (None, np.array([0, 3, 5, 9])):  # contiguous trivial block / scattered (restricted) centre
+        norm = randomise_(IrrepLayerNorm(V, center=center)).double()
+        torch.testing.assert_close(norm(x), norm.forward_reference(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
+def test_fused_qkv_attention_matches_per_head_reference(layout):
+    G = get_group("C4")
+    V = FeatureType.regular(G, 3)
+    heads = coupled_heads(V, 3) if layout == "coupled" else irrepwise_heads(V, 3)
+    attn = randomise_(IrrepAttention(V, heads)).double().eval()
+    x = torch.randn(2, 5, V.dim, dtype=torch.float64)
+    q, k, v = attn.q(x), attn.k(x), attn.v(x)
+    out = torch.zeros_like(x)
+    for h in heads:
+        scores = (q[..., h] @ k[..., h].transpose(-1, -2)) / len(h) ** 0.5
+        out[..., h] = scores.softmax(-1) @ v[..., h]
+    torch.testing.assert_close(attn(x), attn.proj(out), rtol=0, atol=1e-12)
+
+
+def test_cached_weights_follow_parameter_updates():
+    """No-grad forwards reuse the dense weights until a parameter changes (optimizer step, load, dtype)."""
+    model = randomise_(tiny("square", "D4", drop_path_rate=0.0, attn_drop_rate=0.0, head_drop_rate=0.0)).double()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    model.eval()
+    with torch.no_grad():
+        y0 = model(x)
+        assert attn.fused_weights()[0] is attn.fused_weights()[0]  # cached
+        assert mlp.folded_weights()[0] is mlp.folded_weights()[0]
+    # With gradients recorded nothing is cached and the weights carry the graph.
+    assert attn.fused_weights()[0].requires_grad and attn.fused_weights()[0] is not attn.fused_weights()[0]
+
+    def fresh(m):  # a copy without any cache computes the reference output
+        with torch.no_grad():
+            return copy.deepcopy(m)(x)
+
+    # An optimizer step changes the parameters in place: the cached weights are recomputed.
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x).square().sum().backward()
+    opt.step()
+    model.eval()
+    with torch.no_grad():
+        cached_before = attn.fused_weights()[0]
+        y1 = model(x)
+    assert rel_err(y1, y0) > 1e-6
+    torch.testing.assert_close(y1, fresh(model), rtol=0, atol=0)
+    # ... also without a train()/eval() switch in between (the in-place version counters change).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+        y2 = model(x)
+        assert attn.fused_weights()[0] is not cached_before
+    torch.testing.assert_close(y2, fresh(model), rtol=0, atol=0)
+    # load_state_dict and dtype changes invalidate too.
+    other = randomise_(tiny("square", "D4"), seed=7).double().eval()
+    with torch.no_grad():
+        other(x)
+        other.load_state_dict(model.state_dict())
+        torch.testing.assert_close(other(x), y2, rtol=0, atol=0)
+        other.float()
+        assert other(x.float()).dtype == torch.float32
+        other.double()  # parameters rounded through float32: compare with a fresh copy
+        torch.testing.assert_close(other(x), fresh(other), rtol=0, atol=0)
+        assert rel_err(other(x), y2) < 1e-5
+    # Restriction reads the current (cached) weights and stays exact.
+    with torch.no_grad():
+        restricted = eqvit.restrict(model, "C4")
+        assert rel_err(restricted(x), y2) <= TOL

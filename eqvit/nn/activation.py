@@ -132,6 +132,46 @@ class FourierActivation(ExactBuffers):
             start += count * size
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
+    def fold(
+        self, w_in: torch.Tensor, b_in: torch.Tensor | None, w_out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Fold the Fourier transforms into the adjacent linear maps (an MLP's fc1 and fc2).
+
+        ``w_in [ftype.dim, d_in]``, ``b_in [ftype.dim]`` map into the irrep coefficients and
+        ``w_out [d_out, ftype.dim]`` maps out of them. Returns ``(w_in', b_in', w_out')`` with
+        ``w_in' [|X|, d_in]`` producing the values on X (``FT^-1 w_in``) and ``w_out' [d_out, |X|]``
+        reading them (``w_out FT``), so that for every input
+        ``w_out' sigma(w_in' x + b_in') == w_out FT(sigma(FT^-1 (w_in x + b_in)))``: the MLP becomes
+        a plain dense MLP of hidden width |X| with a pointwise ``sigma``. The basis blocks are applied
+        orbit by orbit (batched per orbit size), never the dense basis.
+        """
+        perm = self.perm
+        w_in, w_out = w_in[perm], w_out[:, perm]
+        b_in = None if b_in is None else b_in[perm]
+        ins, bs, outs, start = [], [], [], 0
+        for n, (count, size) in enumerate(self._sizes):
+            blocks = getattr(self, f"blocks_{n}")  # [count, |X_s|, size]: values = blocks @ coefficients
+            stop = start + count * size
+            wi = w_in[start:stop].unflatten(0, (count, size))  # [count, size, d_in]
+            wo = w_out[:, start:stop].unflatten(1, (count, size))  # [d_out, count, size]
+            if self._shared[n]:
+                block = blocks[0]
+                ins.append((block @ wi).flatten(0, 1))
+                outs.append((wo @ block.T).flatten(1))
+                if b_in is not None:
+                    bs.append((b_in[start:stop].unflatten(0, (count, size)) @ block.T).flatten())
+            else:
+                ins.append((blocks @ wi).flatten(0, 1))
+                outs.append(torch.einsum("dni,nxi->dnx", wo, blocks).flatten(1))
+                if b_in is not None:
+                    bs.append(torch.einsum("ni,nxi->nx", b_in[start:stop].unflatten(0, (count, size)), blocks).flatten())
+            start = stop
+
+        def cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+            return torch.cat(parts, dim=dim) if len(parts) > 1 else parts[0]
+
+        return cat(ins, 0), None if b_in is None else cat(bs, 0), cat(outs, 1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
         for n in range(len(self._sizes)):

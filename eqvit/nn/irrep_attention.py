@@ -11,7 +11,9 @@ head layout is a list of coordinate index arrays. Two layouts of the seed:
   (here ``h`` heads per irrep, so ``h * #irreps`` heads in all).
 
 Heads of equal size go through one ``F.scaled_dot_product_attention`` call (one call for coupled,
-one per head size for irrep-wise); q/k/v and the output projection are :class:`IrrepLinear`.
+one per head size for irrep-wise); q/k/v and the output projection are :class:`IrrepLinear`,
+applied as one fused ``[3 dim, dim]`` qkv matrix (like timm) and one projection, with the head order
+folded into their rows/columns; these dense matrices are cached while no gradient is recorded.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.linear import DerivedCache, IrrepLinear
 
 ATTENTION_LAYOUTS = ("coupled", "irrepwise")
 
@@ -81,7 +83,7 @@ def check_heads(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
             raise ValueError("every head must hold whole irrep copies (a G-stable subspace)")
 
 
-class IrrepAttention(nn.Module):
+class IrrepAttention(DerivedCache):
     """Equivariant self-attention ``[B, N, V.dim] -> [B, N, V.dim]``.
 
     Args:
@@ -135,17 +137,41 @@ class IrrepAttention(nn.Module):
         attn = F.dropout(attn.softmax(dim=-1), dropout, self.training)
         return attn @ v
 
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(qkv weight [3 dim, dim], qkv bias, proj weight [dim, dim], proj bias)``, heads side by side."""
+
+        modules = self._modules
+        lins = (modules["q"], modules["k"], modules["v"], modules["proj"])
+
+        def compute():
+            perm, dim = self.perm, self.ftype.dim
+            dense = [lin.dense() for lin in lins]
+            qkv = torch.stack([w for w, _ in dense[:3]])[:, perm].reshape(3 * dim, dim)
+            bias = None
+            if any(b is not None for _, b in dense[:3]):
+                bias = torch.stack([qkv.new_zeros(dim) if b is None else b for _, b in dense[:3]])
+                bias = bias[:, perm].reshape(3 * dim)
+            return qkv, bias, dense[3][0][:, perm], dense[3][1]
+
+        return self.derived("fused", [t for lin in lins for t in lin.leaves()], compute)
+
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         if rope is not None:
             raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
-        perm, dim = self.perm, self.ftype.dim
-        weight = torch.cat([lin.weight_matrix()[perm] for lin in (self.q, self.k, self.v)])
-        biases = [lin.bias_vector() for lin in (self.q, self.k, self.v)]
-        bias = None if biases[0] is None else torch.cat([b[perm] for b in biases])
-        q, k, v = F.linear(x, weight, bias).split(dim, dim=-1)  # heads side by side
-        outs = []
-        for start, h, size in self._groups:
-            qh, kh, vh = (t[..., start : start + h * size].unflatten(-1, (h, size)).transpose(1, 2) for t in (q, k, v))
-            outs.append(self._attend(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
-        out = torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
-        return F.linear(out, self.proj.weight_matrix()[:, perm], self.proj.bias_vector())
+        qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
+        B, N = x.shape[:2]
+        qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
+        if len(self._groups) == 1:  # all heads of one size (coupled): one reshape, like timm
+            _, h, size = self._groups[0]
+            q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
+            out = self._attend(q, k, v).transpose(1, 2).reshape(B, N, h * size)
+        else:
+            q, k, v = qkv.split(self.ftype.dim, dim=-1)
+            outs = []
+            for start, h, size in self._groups:
+                qh, kh, vh = (
+                    t[..., start : start + h * size].unflatten(-1, (h, size)).transpose(1, 2) for t in (q, k, v)
+                )
+                outs.append(self._attend(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
+            out = torch.cat(outs, dim=-1)
+        return F.linear(out, proj_w, proj_b)

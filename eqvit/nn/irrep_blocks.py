@@ -13,12 +13,18 @@ from eqvit.nn.activation import FourierActivation
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import DropPath
-from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.linear import DerivedCache, IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 
 
-class IrrepMlp(nn.Module):
-    """``l2 o FT sigma FT^-1 o l1`` with hidden features ``C(X, R)`` (Sec. 4.3.2)."""
+class IrrepMlp(DerivedCache):
+    """``l2 o FT sigma FT^-1 o l1`` with hidden features ``C(X, R)`` (Sec. 4.3.2).
+
+    The forward pass folds the Fourier transforms into the linear maps
+    (:meth:`FourierActivation.fold`): ``W1' = FT^-1 W1``, ``W2' = W2 FT``, so it is exactly a dense
+    MLP of hidden width |X| with the pointwise ``sigma`` (the shape of a timm ``Mlp``). The folded
+    weights are cached while no gradient is recorded.
+    """
 
     def __init__(self, ftype: FeatureType, activation: FourierActivation) -> None:
         super().__init__()
@@ -26,12 +32,24 @@ class IrrepMlp(nn.Module):
         self.act = activation
         self.fc2 = IrrepLinear(activation.ftype, ftype)
 
+    def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(W1' [|X|, dim], b1', W2' [dim, |X|], b2)`` of the dense MLP on values over X."""
+
+        fc1, fc2 = self._modules["fc1"], self._modules["fc2"]
+
+        def compute():
+            (w1, b1), (w2, b2) = fc1.dense(), fc2.dense()
+            return (*self.act.fold(w1, b1, w2), b2)
+
+        return self.derived("folded", fc1.leaves() + fc2.leaves(), compute)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``fc2(act(fc1(x)))`` with the activation's orbit order folded into fc1's rows and fc2's columns."""
-        perm = self.act.perm
-        b1 = self.fc1.bias_vector()
-        h = F.linear(x, self.fc1.weight_matrix()[perm], None if b1 is None else b1[perm])
-        return F.linear(self.act.forward_permuted(h), self.fc2.weight_matrix()[:, perm], self.fc2.bias_vector())
+        w1, b1, w2, b2 = self.folded_weights()
+        return F.linear(self.act.act(F.linear(x, w1, b1)), w2, b2)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """``fc2(FT sigma FT^-1 fc1(x))`` with the dense Fourier basis (eq. 10)."""
+        return self.fc2(self.act.forward_dense(self.fc1(x)))
 
 
 class IrrepBlock(nn.Module):

@@ -3,11 +3,17 @@
 By Schur's lemma ``Hom_G(V', V'') = (+)_rho Mat_{C''_rho x C'_rho}(R) (x) End_G(V_rho)``: a real-type
 irrep only mixes channels (``w (x) I``), a complex-type irrep uses ``w1 (x) I + w2 (x) J``
 (quaternionic: four basis elements). A bias is allowed on the trivial irrep only.
+
+The dense matrix is assembled by one gather from the flat parameter vector (``W = sum_k
+theta[index_k] * coef_k``, ``k < dim End``) and, when no gradient is recorded, cached until a
+parameter changes (:class:`DerivedCache`).
 """
 
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -18,7 +24,55 @@ from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 
 
-class IrrepLinear(ExactBuffers):
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+class DerivedCache(nn.Module):
+    """Caches tensors derived from parameters (dense weights) while no gradient is recorded.
+
+    ``derived(name, sources, compute)`` recomputes whenever autograd could need the graph (grad
+    mode on and a source requires grad). Otherwise the value is reused while every source tensor is
+    the same storage at the same in-place version (``_version`` counts ``optimizer.step()``,
+    ``copy_``, ``load_state_dict``, ...) in the same inference mode; the sources are read afresh on
+    every call (a replaced parameter is noticed) and kept alive with the entry (their addresses are
+    not reused). Composite modules pass their children's parameters (:meth:`IrrepLinear.leaves`).
+    ``train()``/``eval()`` and ``.to()``/``.double()`` clear the cache.
+    """
+
+    def derived(self, name: str, sources: list[torch.Tensor | None], compute: Callable[[], object]) -> object:
+        sources = [t for t in sources if t is not None]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
+            return compute()
+        key = (torch.is_inference_mode_enabled(), list(map(_VERSION, sources)), list(map(_DATA_PTR, sources)))
+        cache = self.__dict__.get("_derived_cache")
+        if cache is None:
+            cache = self.__dict__["_derived_cache"] = {}
+        hit = cache.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = compute()
+        cache[name] = (key, value, sources)
+        return value
+
+    def clear_derived_cache(self) -> None:
+        self.__dict__.pop("_derived_cache", None)
+
+    def train(self, mode: bool = True):
+        self.clear_derived_cache()
+        return super().train(mode)
+
+    def _apply(self, fn, recurse: bool = True):
+        self.clear_derived_cache()
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())  # deepcopy / pickle: the cache is not copied
+        state.pop("_derived_cache", None)
+        return state
+
+
+class IrrepLinear(DerivedCache, ExactBuffers):
     """``V' -> V''``: ``W = (W_rho)``, ``W_rho = sum_i w_i (x) L_i`` (eq. 4), plus a trivial-irrep bias (eq. 5).
 
     Args:
@@ -27,7 +81,8 @@ class IrrepLinear(ExactBuffers):
 
     Parameters: ``weights[n]`` of shape ``[dim End(V_rho), C''_rho, C'_rho]`` for every irrep present
     in both types, ``bias [C''_trivial]``. The dense ``[out.dim, in.dim]`` matrix is
-    :meth:`weight_matrix`; ``forward`` is one ``F.linear``.
+    :meth:`weight_matrix` (one gather, cached while no gradient is recorded); ``forward`` is one
+    ``F.linear``.
     """
 
     def __init__(self, in_type: FeatureType, out_type: FeatureType, bias: bool = True) -> None:
@@ -38,6 +93,8 @@ class IrrepLinear(ExactBuffers):
         self.weights = nn.ParameterList()
         self._blocks: list[tuple[int, slice, slice, int, int, int]] = []
         in_blocks = {i: (c, sl) for i, _, c, sl in in_type.blocks()}
+        # W[r, c] = sum_k theta[index[k, r, c]] * coef[k, r, c] with theta the flat parameters.
+        endo = []
         for i, rho, c_out, out_sl in out_type.blocks():
             if i not in in_blocks:
                 continue
@@ -50,10 +107,32 @@ class IrrepLinear(ExactBuffers):
             nn.init.uniform_(w, -bound, bound)
             self.weights.append(w)
             self._blocks.append((len(self._blocks), out_sl, in_sl, c_out, c_in, rho.dim))
+            endo.append(basis)
+        K = max((len(L) for L in endo), default=1)
+        index = np.zeros((K, out_type.dim, in_type.dim), dtype=np.int64)
+        coef = np.zeros((K, out_type.dim, in_type.dim))
+        start = 0
+        for (_, out_sl, in_sl, c_out, c_in, d), L in zip(self._blocks, endo):
+            k = len(L)
+            flat = start + np.arange(k * c_out * c_in).reshape(k, c_out, c_in)  # theta index of w[k, o, i]
+            # Entry (o d + a, i d + b) of the block is sum_k w[k, o, i] L[k, a, b].
+            index[:k, out_sl, in_sl] = np.broadcast_to(flat[:, :, None, :, None], (k, c_out, d, c_in, d)).reshape(
+                k, c_out * d, c_in * d
+            )
+            coef[:k, out_sl, in_sl] = np.broadcast_to(L[:, None, :, None, :], (k, c_out, d, c_in, d)).reshape(
+                k, c_out * d, c_in * d
+            )
+            start += flat.size
+        self.register_buffer("_gather_index", torch.from_numpy(index), persistent=False)
+        self.register_exact_buffer("_gather_coef", torch.from_numpy(coef))
         triv = [(c, sl) for i, rho, c, sl in out_type.blocks() if rho.is_trivial]
         if bias and triv:
             self.bias = nn.Parameter(torch.zeros(triv[0][0]))
             self._bias_slice = triv[0][1]
+            # bias_vector = cat([bias, 0])[bias_index]: the trivial coordinates read the bias, the rest 0.
+            bias_index = np.full(out_type.dim, triv[0][0], dtype=np.int64)
+            bias_index[self._bias_slice] = np.arange(triv[0][0])
+            self.register_buffer("_bias_index", torch.from_numpy(bias_index), persistent=False)
         else:
             self.register_parameter("bias", None)
             self._bias_slice = None
@@ -61,8 +140,37 @@ class IrrepLinear(ExactBuffers):
     def extra_repr(self) -> str:
         return f"{self.in_type} -> {self.out_type}, bias={self.bias is not None}"
 
+    def _dense_weight(self) -> torch.Tensor:
+        coef = self._gather_coef
+        if not len(self.weights):
+            return coef.new_zeros(self.out_type.dim, self.in_type.dim)
+        theta = torch.cat([w.reshape(-1) for w in self.weights]) if len(self.weights) > 1 else self.weights[0].reshape(-1)
+        W = theta[self._gather_index] * coef
+        return W[0] if len(W) == 1 else W.sum(0)
+
+    def _dense_bias(self) -> torch.Tensor | None:
+        if self.bias is None:
+            return None
+        return torch.cat([self.bias, self.bias.new_zeros(1)])[self._bias_index]
+
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(weight [out.dim, in.dim], bias [out.dim] or None)``, cached while no gradient is recorded."""
+        return self.derived("dense", self.leaves(), lambda: (self._dense_weight(), self._dense_bias()))
+
+    def leaves(self) -> list[torch.Tensor | None]:
+        """The parameters, read afresh (plain dict lookups: this runs on every forward)."""
+        return [*self._modules["weights"]._parameters.values(), self._parameters["bias"]]
+
     def weight_matrix(self) -> torch.Tensor:
         """Dense ``[out.dim, in.dim]`` matrix of the linear part."""
+        return self.dense()[0]
+
+    def bias_vector(self) -> torch.Tensor | None:
+        """The bias as a ``[out.dim]`` vector (zero outside the trivial irrep), or None."""
+        return self.dense()[1]
+
+    def weight_matrix_reference(self) -> torch.Tensor:
+        """Dense matrix assembled block by block with ``einsum`` (reference for the gather)."""
         ref = self.weights[0] if len(self.weights) else None
         dtype = ref.dtype if ref is not None else torch.get_default_dtype()
         device = ref.device if ref is not None else None
@@ -72,13 +180,6 @@ class IrrepLinear(ExactBuffers):
             W[out_sl, in_sl] = torch.einsum("koi,kde->odie", self.weights[n], L).reshape(c_out * d, c_in * d)
         return W
 
-    def bias_vector(self) -> torch.Tensor | None:
-        if self.bias is None:
-            return None
-        b = torch.zeros(self.out_type.dim, dtype=self.bias.dtype, device=self.bias.device)
-        b[self._bias_slice] = self.bias
-        return b
-
     def block_weight(self, n: int) -> torch.Tensor:
         """``[C''_rho d, C'_rho d]`` matrix ``sum_k w_k (x) L_k`` of the n-th irrep block."""
         _, _, _, c_out, c_in, d = self._blocks[n]
@@ -86,12 +187,9 @@ class IrrepLinear(ExactBuffers):
             return self.weights[n][0] * getattr(self, f"endo_{n}")[0, 0, 0]
         return torch.einsum("koi,kde->odie", self.weights[n], getattr(self, f"endo_{n}")).reshape(c_out * d, c_in * d)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., in.dim] -> [..., out.dim]``, one matmul per irrep (Schur's block structure).
-
-        Equal to ``F.linear(x, weight_matrix(), bias_vector())`` (the dense reference) with
-        ``sum_rho C''_rho C'_rho d_rho^2`` instead of ``dim'' dim'`` multiply-adds per token.
-        """
+    def forward_blockwise(self, x: torch.Tensor) -> torch.Tensor:
+        """One matmul per irrep (Schur's block structure): ``sum_rho C''_rho C'_rho d_rho^2``
+        instead of ``dim'' dim'`` multiply-adds per token, but one op per irrep."""
         by_out = {out_sl.start: n for n, out_sl, *_ in self._blocks}
         parts = []
         for _, rho, c, out_sl in self.out_type.blocks():
@@ -103,6 +201,10 @@ class IrrepLinear(ExactBuffers):
             bias = self.bias if self.bias is not None and out_sl == self._bias_slice else None
             parts.append(F.linear(x[..., in_sl], self.block_weight(n), bias))
         return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in.dim] -> [..., out.dim]``: ``F.linear(x, weight_matrix(), bias_vector())``."""
+        return F.linear(x, *self.dense())
 
     @torch.no_grad()
     def load_dense_(

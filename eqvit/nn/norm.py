@@ -14,9 +14,10 @@ from torch import nn
 
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.linear import DerivedCache
 
 
-class IrrepLayerNorm(ExactBuffers):
+class IrrepLayerNorm(DerivedCache, ExactBuffers):
     """Equivariant LayerNorm on ``[..., ftype.dim]``.
 
     Args:
@@ -35,6 +36,10 @@ class IrrepLayerNorm(ExactBuffers):
         mask[center] = 1.0 / max(len(center), 1)
         self.register_exact_buffer("center_weights", torch.from_numpy(mask))
         self.register_exact_buffer("center_mask", torch.from_numpy((mask > 0).astype(np.float64)))
+        # A contiguous centre (the default: the trivial irreps come first) is averaged as a slice.
+        center = np.sort(center)
+        contiguous = len(center) > 0 and np.array_equal(center, np.arange(center[0], center[0] + len(center)))
+        self._center_slice = slice(int(center[0]), int(center[0]) + len(center)) if contiguous else None
         self.register_buffer("copy_index", torch.from_numpy(ftype.copy_index), persistent=False)
         self.register_buffer("bias_index", torch.from_numpy(ftype.trivial_index), persistent=False)
         self.weight = nn.Parameter(torch.ones(len(ftype.copies)))
@@ -43,7 +48,27 @@ class IrrepLayerNorm(ExactBuffers):
     def extra_repr(self) -> str:
         return f"{self.ftype}, eps={self.eps}"
 
+    def affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gamma [dim], beta [dim])`` per coordinate (cached while no gradient is recorded)."""
+
+        def compute():
+            beta = self.bias.new_zeros(self.ftype.dim).index_add(0, self.bias_index, self.bias)
+            return self.weight[self.copy_index], beta
+
+        params = self._parameters
+        return self.derived("affine", [params["weight"], params["bias"]], compute)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._center_slice is not None:
+            mean = x[..., self._center_slice].mean(-1, keepdim=True)
+        else:
+            mean = (x @ self.center_weights).unsqueeze(-1)
+        x = torch.addcmul(x, mean, self.center_mask, value=-1)
+        scale = x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        gamma, beta = self.affine()
+        return torch.addcmul(beta, x * scale, gamma)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         x = x - (x @ self.center_weights).unsqueeze(-1) * self.center_mask
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         x = x * self.weight[self.copy_index]
