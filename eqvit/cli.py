@@ -88,7 +88,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from eqvit.train.config import load_config
     from eqvit.train.engine import evaluate_checkpoint
 
-    evaluate_checkpoint(load_config(args.config), args.checkpoint)
+    result = evaluate_checkpoint(load_config(args.config), args.checkpoint)
+    if args.json:
+        import json
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -118,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser("train", help="train from a YAML config")
-    p.add_argument("config", help="YAML experiment config, e.g. configs/so3vit_swe_demo.yaml")
+    p.add_argument("config", help="YAML experiment config, e.g. configs/o2vit_rotmnist.yaml")
     p.add_argument("--out", help="output folder (default: train.out of the config)")
     p.add_argument("--max-steps", type=int, help="stop after N steps")
     p.add_argument("--max-minutes", type=float, help="stop after M minutes of training")
@@ -132,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="score a checkpoint on the validation set")
     p.add_argument("config")
     p.add_argument("--checkpoint", required=True, help="path to last.safetensors")
+    p.add_argument("--json", help="also write the metrics to this JSON file")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("info", help="parameters, group, input shape and defaults of a model")

@@ -21,14 +21,46 @@ class ConfigError(ValueError):
     """A user error in a config file (reported without a traceback by the CLI)."""
 
 
+OPTIMIZERS = ("adam", "adamw")
+
+
+@dataclass
+class RelaxationConfig:
+    """Gradual symmetry breaking: start G-equivariant, restrict to subgroups at scheduled times.
+
+    ``schedule`` maps a time (in ``unit``: ``"step"`` or ``"epoch"``) to a subgroup name, e.g.
+    ``{5: D2, 10: C1}``; at the start of that step / epoch the model is replaced by its
+    :func:`eqvit.models.restrict.restrict`-ion (same function, more freedom) and the optimiser restarts.
+    Only O(2)-subgroup ViTs (``o2vit_*``) can be restricted.
+    """
+
+    unit: str = "epoch"
+    schedule: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.unit not in ("step", "epoch"):
+            raise ConfigError(f"model.relaxation.unit: expected 'step' or 'epoch', got {self.unit!r}")
+        negative = [k for k in self.schedule if k < 0]
+        if negative:
+            raise ConfigError(f"model.relaxation.schedule: times must be >= 0, got {negative}")
+
+
 @dataclass
 class ModelConfig:
     name: str = "so3vit_tiny"
     kwargs: dict[str, Any] = field(default_factory=dict)
+    relaxation: RelaxationConfig = field(default_factory=RelaxationConfig)
 
 
 @dataclass
 class DataConfig:
+    """The dataset (``name``) and how it is batched; the task follows from the name.
+
+    ``shallow_water`` uses ``num_val``, ``nlat`` ... ``cache_dir``; the classification datasets
+    (``rotated_mnist``, ``image_folder`` / ``patternnet``, see ``eqvit.train.tasks``) use
+    ``sample_ratio``, ``root``, ``img_size``, ``val_fraction`` and ``split_seed``.
+    """
+
     name: str = "shallow_water"
     batch_size: int = 4
     num_val: int = 16
@@ -40,14 +72,26 @@ class DataConfig:
     mach: float = 0.2
     steps_per_trajectory: int = 1  # 1: a fresh random initial condition per pair (torch-harmonics' example)
     cache_dir: str | None = None
+    # classification
+    root: str | None = None  # image folders (one sub-folder per class)
+    sample_ratio: float = 1.0  # fraction of the training set used (nested subsets)
+    img_size: int | None = None  # square side the images are resized / padded to (default: the model's)
+    val_fraction: float = 0.2  # image folders: held out per class
+    split_seed: int = 0  # the fixed train / validation split
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"
+    name: str = "adam"  # adam | adamw
     lr: float = 1e-3
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            close = difflib.get_close_matches(self.name, OPTIMIZERS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"optim.name: unknown optimiser {self.name!r}{hint} (valid: {', '.join(OPTIMIZERS)})")
 
 
 @dataclass
@@ -62,8 +106,10 @@ class ScheduleConfig:
 @dataclass
 class TrainConfig:
     max_steps: int = 100
+    max_epochs: float | None = None  # when set, replaces max_steps (tasks with epochs: classification)
     max_minutes: float | None = None
-    eval_every: int = 50
+    eval_every: int = 50  # steps (0: only at the end)
+    eval_every_epochs: float | None = None  # when set, replaces eval_every (tasks with epochs)
     log_every: int = 10
     seed: int = 0
     out: str = "runs/default"
@@ -105,7 +151,11 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
-        return dict(value)
+        key_type, value_type = typing.get_args(annotation) or (Any, Any)
+        return {
+            _check_type(k, key_type, f"{where} key {k!r}"): _check_type(v, value_type, f"{where}.{k}")
+            for k, v in value.items()
+        }
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {type(value).__name__} {value!r}")

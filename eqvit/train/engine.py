@@ -1,10 +1,15 @@
 """The training engine every model family uses.
 
-``train(config)`` builds the registered model and the task, trains until ``max_steps`` or
-``max_minutes`` (whichever comes first; equal wall-clock comparisons use the latter), evaluates
-against persistence, and writes into ``OUT``: ``last.safetensors`` + ``last.json``
-(checkpoint), ``metrics.json``, ``history.csv``, ``evals.json``, ``loss_curve.png`` and
-``error_map.png``.
+``train(config)`` builds the registered model and the task (``data.name``: shallow water, or a
+classification dataset, see :mod:`eqvit.train.tasks`), trains until ``max_steps`` (or
+``max_epochs``) or ``max_minutes`` (whichever comes first; equal wall-clock comparisons use the
+latter), evaluates against the task's baseline (persistence; the majority class), and writes into
+``OUT``: ``last.safetensors`` + ``last.json`` (checkpoint), ``metrics.json``, ``history.csv``,
+``evals.json``, ``loss_curve.png`` and the task's plots (``error_map.png``; ``confusion.png``).
+
+``model.relaxation`` breaks symmetry gradually: at the scheduled steps / epochs the O(2)-subgroup
+ViT is replaced by its restriction to a subgroup (the same function; the optimiser restarts), and
+checkpoints record the restrictions so that resuming and ``evaluate_checkpoint`` rebuild them.
 
 Resuming (``resume=True``) restores the model, optimiser, LR-schedule, RNG and data-stream
 states, so a run interrupted at any moment and resumed reproduces the uninterrupted loss curve
@@ -42,6 +47,8 @@ from eqvit.train.checkpoint import (
 )
 from eqvit.train.config import ExperimentConfig, ScheduleConfig
 from eqvit.train.tasks import build_task
+
+Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 
 
 def seed_everything(seed: int) -> None:
@@ -100,22 +107,25 @@ def _eval_row(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
     return {"step": step, **{k: v for k, v in _scalars(metrics).items() if not isinstance(v, list)}}
 
 
-def _plot_history(history: History, persistence_l2: float, path: Path, title: str) -> None:
+def _plot_history(history: History, task: Any, baseline: dict[str, Any], path: Path, title: str) -> None:
+    """Training loss per step and the task's monitored validation metric per evaluation."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    metric = task.monitor
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     ax1.plot([h["step"] for h in history.train], [h["loss"] for h in history.train], lw=1)
-    ax1.set_yscale("log")
+    if task.loss_log_scale:
+        ax1.set_yscale("log")
     ax1.set_xlabel("step")
-    ax1.set_ylabel("train loss (weighted MSE)")
-    ax2.plot([h["step"] for h in history.evals], [h["rel_l2"] for h in history.evals], "o-", label="model")
-    ax2.axhline(persistence_l2, color="gray", ls="--", label="persistence")
+    ax1.set_ylabel(task.loss_label)
+    ax2.plot([h["step"] for h in history.evals], [h[metric] for h in history.evals], "o-", label="model")
+    ax2.axhline(baseline[metric], color="gray", ls="--", label=task.baseline_name.replace("_", " "))
     ax2.set_xlim(left=0)
     ax2.set_xlabel("step")
-    ax2.set_ylabel("validation relative L2")
+    ax2.set_ylabel(task.curve_label)
     ax2.legend()
     fig.suptitle(title)
     fig.tight_layout()
@@ -123,11 +133,53 @@ def _plot_history(history: History, persistence_l2: float, path: Path, title: st
     plt.close(fig)
 
 
-def summary_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-    lines = [f"{'':<22} {'rel L2':>9} {'rel L1':>9} {'polar ratio':>12}"]
-    for name, m in rows:
-        lines.append(f"{name:<22} {m['rel_l2']:>9.4f} {m['rel_l1']:>9.4f} {m['polar_error_ratio']:>12.3f}")
-    return "\n".join(lines)
+def _call(network: nn.Module, x: Inputs) -> torch.Tensor:
+    return network(*x) if isinstance(x, tuple) else network(x)
+
+
+def relaxation_steps(config: ExperimentConfig, steps_per_epoch: int | None) -> list[tuple[int, str]]:
+    """``model.relaxation.schedule`` as sorted ``(step, subgroup)`` pairs (epochs converted to steps)."""
+    rcfg = config.model.relaxation
+    if not rcfg.schedule:
+        return []
+    scale = 1
+    if rcfg.unit == "epoch":
+        if steps_per_epoch is None:
+            raise ValueError(
+                f"model.relaxation.unit 'epoch' needs a dataset with epochs; data.name {config.data.name!r} "
+                "streams fresh samples (use unit: step)"
+            )
+        scale = steps_per_epoch
+    return sorted((int(k) * scale, name) for k, name in rcfg.schedule.items())
+
+
+def check_relaxation(model: nn.Module, schedule: dict[int, str]) -> None:
+    """A clear error now, not at step k, for a ``{time: subgroup}`` schedule that is not a chain of subgroups."""
+    if not schedule:
+        return
+    from eqvit.models.restrict import find_subgroup
+    from eqvit.nn.tokenizers.planar import PlanarTokenizer
+
+    if not isinstance(getattr(model, "tokenizer", None), PlanarTokenizer):
+        raise ValueError(
+            f"model.relaxation needs an O(2)-subgroup ViT (o2vit_*), got {type(model).__name__} "
+            f"{getattr(model, 'default_cfg', {}).get('architecture', '')}".rstrip()
+        )
+    group = model.group
+    for _, name in sorted(schedule.items()):
+        try:
+            group = find_subgroup(group, name)
+        except ValueError as err:
+            raise ValueError(f"model.relaxation.schedule: {err}") from None
+
+
+def restrict_model(model: nn.Module, subgroup: str) -> nn.Module:
+    """:func:`eqvit.models.restrict.restrict` on the model's device, leaving the global RNG alone."""
+    from eqvit.models.restrict import restrict
+
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[]):
+        return restrict(model, subgroup).to(device)
 
 
 class Trainer:
@@ -159,23 +211,23 @@ class Trainer:
         self.progress = progress and self.dist.is_main
         seed_everything(tcfg.seed)
         self.model = create_model(config.model.name, **config.model.kwargs).to(self.device)
+        check_relaxation(self.model, config.model.relaxation.schedule)
         self.task = build_task(config.data, self.model, self.device)
-        ocfg = config.optim
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=ocfg.lr, weight_decay=ocfg.weight_decay)
+        self.horizon = self._horizon()
+        self.eval_every = self._eval_every()
+        self.relaxations = relaxation_steps(config, self.task.steps_per_epoch)
+        self.relaxed: list[str] = []  # subgroups restricted to so far, in order
+        self._set_model(self.model)
         self.plateau = (
             torch.optim.lr_scheduler.ReduceLROnPlateau(
-                self.optimizer, factor=config.schedule.factor, patience=config.schedule.patience
+                self.optimizer,
+                mode=self.task.monitor_mode,
+                factor=config.schedule.factor,
+                patience=config.schedule.patience,
             )
             if config.schedule.name == "plateau"
             else None
         )
-        self.network: nn.Module = self.model
-        if tcfg.compile:
-            self.network = torch.compile(self.network)
-        if self.dist.world_size > 1:
-            self.network = nn.parallel.DistributedDataParallel(
-                self.network, device_ids=[self.device.index] if self.device.type == "cuda" else None
-            )
         self.step = 0
         self.history = History()
         # Seconds spent in training steps (this run and resumed ones); the time budget and the
@@ -184,6 +236,60 @@ class Trainer:
         self.writer = self._tensorboard()
 
     # ------------------------------------------------------------------ state
+    def _horizon(self) -> int:
+        """The step the LR schedule ends at: ``train.max_steps``, or ``train.max_epochs`` epochs."""
+        tcfg = self.config.train
+        if tcfg.max_epochs is None:
+            return tcfg.max_steps
+        if self.task.steps_per_epoch is None:
+            raise ValueError(
+                f"train.max_epochs needs a dataset with epochs; data.name {self.config.data.name!r} streams "
+                "fresh samples (use train.max_steps)"
+            )
+        if tcfg.max_epochs <= 0:
+            raise ValueError(f"expected train.max_epochs > 0, got {tcfg.max_epochs}")
+        return max(1, math.ceil(tcfg.max_epochs * self.task.steps_per_epoch))
+
+    def _eval_every(self) -> int:
+        tcfg = self.config.train
+        if tcfg.eval_every_epochs is None:
+            return tcfg.eval_every
+        if self.task.steps_per_epoch is None:
+            raise ValueError(
+                f"train.eval_every_epochs needs a dataset with epochs; data.name {self.config.data.name!r} streams "
+                "fresh samples (use train.eval_every)"
+            )
+        if tcfg.eval_every_epochs <= 0:
+            raise ValueError(f"expected train.eval_every_epochs > 0, got {tcfg.eval_every_epochs}")
+        return max(1, round(tcfg.eval_every_epochs * self.task.steps_per_epoch))
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        ocfg = self.config.optim
+        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[ocfg.name]
+        return cls(self.model.parameters(), lr=ocfg.lr, weight_decay=ocfg.weight_decay)
+
+    def _set_model(self, model: nn.Module) -> None:
+        """Use ``model`` from now on: a fresh optimiser (same param-group LR) and the compile / DDP wrappers."""
+        lr = self.optimizer.param_groups[0]["lr"] if hasattr(self, "optimizer") else None
+        self.model = model
+        self.optimizer = self._make_optimizer()
+        if lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        if getattr(self, "plateau", None) is not None:
+            self.plateau.optimizer = self.optimizer
+        self.network: nn.Module = self.model
+        if self.config.train.compile:
+            self.network = torch.compile(self.network)
+        if self.dist.world_size > 1:
+            self.network = nn.parallel.DistributedDataParallel(
+                self.network, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+
+    def _relax(self, subgroup: str) -> None:
+        self._set_model(restrict_model(self.model, subgroup))
+        self.relaxed.append(subgroup)
+
     def _tensorboard(self):
         if not self.dist.is_main:
             return None
@@ -194,7 +300,7 @@ class Trainer:
         return SummaryWriter(str(self.out / "tensorboard"))
 
     def _rng_tensors(self) -> dict[str, torch.Tensor]:
-        return {"rng.torch": torch.get_rng_state(), "rng.data": self.task.data.generator.get_state()}
+        return {"rng.torch": torch.get_rng_state(), "rng.data": self.task.data_state()}
 
     def save(self, metrics: dict[str, Any] | None = None) -> None:
         """Atomically write ``OUT/last.safetensors`` + ``OUT/last.json`` (rank 0)."""
@@ -204,6 +310,7 @@ class Trainer:
                 "elapsed_seconds": self.train_seconds,
                 "plateau": self.plateau.state_dict() if self.plateau is not None else None,
                 "world_size": self.dist.world_size,
+                "relaxed": self.relaxed,
             }
             save_checkpoint(
                 self.out,
@@ -225,24 +332,34 @@ class Trainer:
         tensors, sidecar = load_checkpoint(path)
         if "step" not in sidecar or "history" not in sidecar:
             raise CheckpointError(f"checkpoint {path} lacks the training state needed to resume (step, history)")
+        relaxed = list(sidecar.get("relaxed", []))
+        if relaxed != [name for _, name in self.relaxations[: len(relaxed)]]:
+            raise CheckpointError(
+                f"checkpoint {path} was restricted to {relaxed}, which model.relaxation.schedule does not start with"
+            )
+        for name in relaxed:
+            self._relax(name)
         load_model_state(self.model, tensors, str(path))
         load_optimizer_state(self.optimizer, tensors, sidecar["optimizer"])
         if self.plateau is not None and sidecar.get("plateau"):
             self.plateau.load_state_dict(sidecar["plateau"])
         torch.set_rng_state(tensors["rng.torch"])
-        self.task.data.generator.set_state(tensors["rng.data"])
+        self.task.load_data_state(tensors["rng.data"])
         self.step = int(sidecar["step"])
         self.history = History(sidecar["history"]["train"], sidecar["history"]["evals"])
         self.train_seconds = float(sidecar.get("elapsed_seconds", 0.0))
         return True
 
     # ------------------------------------------------------------------ loop
-    def _local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _local_batch(self) -> tuple[Inputs, torch.Tensor]:
         # Every rank draws the same global batch (same generator state) and keeps its slice.
         x, y = self.task.train_batch()
         if self.dist.world_size == 1:
             return x, y
-        return x.chunk(self.dist.world_size)[self.dist.rank], y.chunk(self.dist.world_size)[self.dist.rank]
+        world, rank = self.dist.world_size, self.dist.rank
+        if isinstance(x, tuple):
+            return tuple(t.chunk(world)[rank] for t in x), y.chunk(world)[rank]
+        return x.chunk(world)[rank], y.chunk(world)[rank]
 
     def _autocast(self):
         if not self.config.train.amp:
@@ -268,7 +385,11 @@ class Trainer:
     def train_step(self) -> float:
         """One optimiser step on one global batch; returns the global loss."""
         ocfg, tcfg = self.config.optim, self.config.train
-        max_steps, max_minutes = tcfg.max_steps, tcfg.max_minutes
+        max_steps, max_minutes = self.horizon, tcfg.max_minutes
+        while len(self.relaxed) < len(self.relaxations) and self.relaxations[len(self.relaxed)][0] <= self.step:
+            self._relax(self.relaxations[len(self.relaxed)][1])
+            if self.progress:
+                self.bar.write(f"step {self.step}: restricted to {self.model.group.name} (model.relaxation)")
         elapsed = self.train_seconds
         frac = (
             self.step / max_steps if max_minutes is None else max(self.step / max_steps, elapsed / (60 * max_minutes))
@@ -278,7 +399,7 @@ class Trainer:
                 group["lr"] = learning_rate(ocfg.lr, self.config.schedule, frac, self.step)
         x, y = self._local_batch()
         with self._autocast(), self._sdpa_context():
-            loss = self.task.loss(self.network(x).float(), y)
+            loss = self.task.loss(_call(self.network, x).float(), y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         global_loss = loss.detach()
@@ -310,16 +431,16 @@ class Trainer:
         """Prepare a run: persistence scores, output folder, progress bar.
 
         ``max_steps`` stops the run at that step without changing the LR schedule, whose horizon
-        stays ``train.max_steps`` (so ``--max-steps 3`` then ``--resume`` equals one run);
+        stays ``train.max_steps`` or ``train.max_epochs`` (so ``--max-steps 3`` then ``--resume`` equals one run);
         ``max_minutes`` overrides ``train.max_minutes`` (a time horizon for the schedule too).
         """
         tcfg = self.config.train
-        self.stop_step = max_steps if max_steps is not None else tcfg.max_steps
+        self.stop_step = max_steps if max_steps is not None else self.horizon
         if max_minutes is not None:
             tcfg.max_minutes = max_minutes
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-        self.persistence = self.task.evaluate(None)
+        self.baseline = self.task.evaluate(None)
         # A time budget that binds before the step limit gets a bar in seconds, not in steps.
         self._bar_in_seconds = tcfg.max_minutes is not None and self.stop_step > 10_000
         total, done, unit = (
@@ -364,11 +485,11 @@ class Trainer:
                     self.bar.set_postfix(
                         step=self.step, loss=f"{self._running:.4f}", lr=f"{lr:.1e}", samples_s=f"{rate:.2f}"
                     )
-                if tcfg.eval_every and self.step % tcfg.eval_every == 0:
+                if self.eval_every and self.step % self.eval_every == 0:
                     metrics = self.evaluate()
                     self.history.evals.append(_eval_row(self.step, metrics))
                     if self.plateau is not None:
-                        self.plateau.step(metrics["rel_l2"])
+                        self.plateau.step(metrics[self.task.monitor])
                 if tcfg.checkpoint_every and self.step % tcfg.checkpoint_every == 0:
                     self.save()
         except KeyboardInterrupt:
@@ -383,48 +504,57 @@ class Trainer:
         final = self.evaluate()
         if not self.history.evals or self.history.evals[-1]["step"] != self.step:
             self.history.evals.append(_eval_row(self.step, final))
+        task, monitor = self.task, self.task.monitor
+        pick = max if task.monitor_mode == "max" else min
+        best = pick(self.history.evals, key=lambda row: row[monitor])
+        spe = task.steps_per_epoch
         summary = {
             "model": self.config.model.name,
+            "dataset": self.config.data.name,
             "params": sum(p.numel() for p in self.model.parameters()),
             "steps": self.step,
+            "epochs": self.step / spe if spe else None,
             "train_seconds": self.train_seconds,
             "seconds_per_step": self.train_seconds / max(len(self.history.train), 1),
             "world_size": self.dist.world_size,
+            "group": getattr(getattr(self.model, "group", None), "name", None),
+            "relaxed": list(self.relaxed),
             "metrics": _scalars(final),
-            "persistence": _scalars(self.persistence),
-            "beats_persistence_l2": final["rel_l2"] < self.persistence["rel_l2"],
+            task.baseline_name: _scalars(self.baseline),
+            f"best_{monitor}": {"step": best["step"], monitor: best[monitor]},
         }
+        summary.update(task.summary(final, self.baseline))
         self.save(metrics=summary["metrics"])
         if self.dist.is_main:
-            self._write_reports(summary, final, self.persistence)
+            self._write_reports(summary, final, self.baseline)
         return summary
 
-    def _write_reports(self, summary: dict[str, Any], final: dict[str, Any], persistence: dict[str, Any]) -> None:
-        out, name = self.out, self.config.model.name
+    def _write_reports(self, summary: dict[str, Any], final: dict[str, Any], baseline: dict[str, Any]) -> None:
+        out, name, task = self.out, self.config.model.name, self.task
         (out / "metrics.json").write_text(json.dumps(summary, indent=2))
         with open(out / "history.csv", "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=["step", "time_s", "loss"])
             writer.writeheader()
             writer.writerows(self.history.train)
         (out / "evals.json").write_text(json.dumps(self.history.evals, indent=2))
-        _plot_history(self.history, persistence["rel_l2"], out / "loss_curve.png", name)
-        self.task.plot_error_map(final["error_map"], out / "error_map.png", f"{name}: mean |error| over validation")
+        _plot_history(self.history, task, baseline, out / "loss_curve.png", name)
+        plots = task.write_plots(final, out, name)
         if self.writer is not None:
-            for key in ("rel_l2", "rel_l1", "polar_error_ratio"):
-                self.writer.add_scalar(f"val/{key}", final[key], self.step)
+            for key, value in _eval_row(self.step, final).items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"val/{key}", value, self.step)
             self.writer.close()
         if self.progress:
             steps_run = len(self.history.train)
+            epochs = f", {summary['epochs']:.1f} epochs" if summary["epochs"] is not None else ""
             print(
-                f"\n{name}: {summary['params'] / 1e6:.2f}M params, {self.step} steps "
+                f"\n{name}: {summary['params'] / 1e6:.2f}M params, {self.step} steps{epochs} "
                 f"({steps_run} logged) in {summary['train_seconds']:.0f} s"
             )
-            print(summary_table([(name, final), ("persistence", persistence)]))
-            verdict = "beats" if summary["beats_persistence_l2"] else "does NOT beat"
-            print(f"{name} {verdict} persistence in relative L2.")
-            print(
-                f"wrote {out}/last.safetensors (+ last.json), metrics.json, history.csv, loss_curve.png, error_map.png"
-            )
+            print(task.table([(name, final), (task.baseline_name.replace("_", " "), baseline)]))
+            print(task.verdict(summary))
+            files = ", ".join(["metrics.json", "history.csv", "loss_curve.png", *plots])
+            print(f"wrote {out}/last.safetensors (+ last.json), {files}")
 
 
 def train(
@@ -443,13 +573,19 @@ def train(
 
 
 def evaluate_checkpoint(config: ExperimentConfig, checkpoint: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Score a saved checkpoint of ``config``'s model on the validation set."""
-    tensors, _ = load_checkpoint(checkpoint)
+    """Score a saved checkpoint of ``config``'s model on the validation set.
+
+    Returns ``{"metrics": ..., <baseline name>: ...}`` (``"persistence"``, ``"majority_class"``).
+    """
+    tensors, sidecar = load_checkpoint(checkpoint)
     device = torch.device(config.train.device)
     model = create_model(config.model.name, **config.model.kwargs).to(device)
+    for subgroup in sidecar.get("relaxed", []):
+        model = restrict_model(model, subgroup)
     load_model_state(model, tensors, str(checkpoint))
     task = build_task(config.data, model, device)
-    final, persistence = task.evaluate(model), task.evaluate(None)
+    final, baseline = task.evaluate(model), task.evaluate(None)
+    name = task.baseline_name
     if progress:
-        print(summary_table([(config.model.name, final), ("persistence", persistence)]))
-    return {"metrics": _scalars(final), "persistence": _scalars(persistence)}
+        print(task.table([(config.model.name, final), (name.replace("_", " "), baseline)]))
+    return {"metrics": _scalars(final), name: _scalars(baseline)}

@@ -10,6 +10,9 @@ The relative errors are those of the torch-harmonics shallow-water benchmark
     rel_Lp = (sum_i w_i |pred_i - target_i|^p)^(1/p) / (sum_i w_i |target_i|^p)^(1/p),
 
 the discrete version of ``||pred - target||_{L^p(S^2)} / ||target||_{L^p(S^2)}``.
+
+Classification: :func:`classification_scores` (accuracy, cross-entropy, per-class accuracy,
+confusion matrix) and :func:`plot_confusion`.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import torch
 
 __all__ = [
     "SphereErrorMap",
+    "classification_scores",
     "grid_latitudes",
     "latlon_quadrature_weights",
+    "plot_confusion",
     "polar_error_ratio",
     "relative_lp_error",
     "weighted_mean",
@@ -248,3 +253,46 @@ def polar_error_ratio(
     polar_mean = (error_map * w * polar).sum() / (w * polar).sum()
     global_mean = (error_map * w).sum() / w.sum()
     return polar_mean / global_mean
+
+
+def classification_scores(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict:
+    """``accuracy``, ``val_loss`` (mean cross-entropy), ``per_class_accuracy`` (list; None for a class
+    without samples) and ``confusion`` (``[K, K]`` int64 tensor, rows = true class) of ``logits [N, K]``."""
+    if logits.ndim != 2 or logits.shape[1] != num_classes or labels.shape != logits.shape[:1]:
+        raise ValueError(
+            f"expected logits [N, {num_classes}] and labels [N], got {list(logits.shape)} and {list(labels.shape)}"
+        )
+    labels = labels.to(torch.long)
+    pred = logits.argmax(dim=1)
+    confusion = torch.bincount(labels * num_classes + pred, minlength=num_classes**2).reshape(num_classes, num_classes)
+    per_class = confusion.diag().double() / confusion.sum(dim=1).double()
+    return {
+        "accuracy": (pred == labels).double().mean().item(),
+        "val_loss": torch.nn.functional.cross_entropy(logits.double(), labels).item(),
+        "per_class_accuracy": [None if v != v else v for v in per_class.tolist()],
+        "confusion": confusion,
+    }
+
+
+def plot_confusion(confusion: torch.Tensor, classes: list[str], path, title: str) -> None:
+    """Row-normalised confusion matrix (true class down, predicted across) as an image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = len(classes)
+    rates = confusion.double() / confusion.sum(dim=1, keepdim=True).clamp_min(1).double()
+    side = min(12.0, 3.0 + 0.3 * k)
+    fig, ax = plt.subplots(figsize=(side + 1, side))
+    im = ax.imshow(rates.numpy(), cmap="viridis", vmin=0, vmax=1)
+    if k <= 40:
+        ax.set_xticks(range(k), classes, rotation=90, fontsize=7)
+        ax.set_yticks(range(k), classes, fontsize=7)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label="fraction of the true class")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
