@@ -27,7 +27,11 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def time_call(fn: Callable[[], torch.Tensor], repeats: int, warmup: int, device: torch.device) -> dict:
-    """Median / min / max wall time in ms of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
+    """Median / min / max wall time in ms of ``fn()`` over ``repeats`` calls after ``warmup`` calls.
+
+    Also the median / min process CPU time: on a shared machine, time spent descheduled inflates the wall
+    time but not the CPU time (with one thread and on the CPU the two agree on an idle machine).
+    """
 
     def sync() -> None:
         if device.type == "cuda":
@@ -36,13 +40,20 @@ def time_call(fn: Callable[[], torch.Tensor], repeats: int, warmup: int, device:
     for _ in range(warmup):
         fn()
     sync()
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         fn()
         sync()
         times.append((time.perf_counter() - start) * 1e3)
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
+        cpu_times.append((time.process_time() - cpu_start) * 1e3)
+    return {
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "cpu_median_ms": statistics.median(cpu_times),
+        "cpu_min_ms": min(cpu_times),
+    }
 
 
 def _display_path(path: Path) -> str:
@@ -87,10 +98,11 @@ def main(argv: list[str] | None = None) -> dict:
     per_l_total = sum(r["median_ms"] for r in rows[1:])
 
     print(f"{args.n} {args.dtype} poses on {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(f"{'call':<24} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'us/pose':>8}")
+    print(f"{'call':<24} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'us/pose':>8} {'cpu med':>8} {'cpu min':>8}")
     for r in rows:
         print(
             f"{r['name']:<24} {r['median_ms']:>10.3f} {r['min_ms']:>8.3f} {r['max_ms']:>8.3f} {r['us_per_pose']:>8.3f}"
+            f" {r['cpu_median_ms']:>8.3f} {r['cpu_min_ms']:>8.3f}"
         )
     print(f"{'sum of wigner_D(l)':<24} {per_l_total:>10.3f}")
 

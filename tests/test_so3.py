@@ -299,6 +299,36 @@ def test_float32_input_is_computed_in_float64(l: int) -> None:
     assert (blocks - wigner_D_blocks(l, R32.double())).abs().max() <= 1.2e-7
 
 
+def _near_singular() -> torch.Tensor:
+    """Random rotations plus the identity, tiny angles, near and exact half-turns, and the poles."""
+    axes = torch.randn(6, 3, generator=gen(44), dtype=F64)
+    angles = torch.tensor([1e-12, 1e-7, 1e-3, math.pi - 1e-9, math.pi - 1e-4, math.pi], dtype=F64)
+    return torch.cat(
+        [
+            random_rotations(16, generator=gen(45)),
+            torch.eye(3, dtype=F64)[None],
+            axis_angle_to_matrix(axes, angles),
+            _half_turns(),
+            _poles(),
+        ]
+    )
+
+
+@pytest.mark.parametrize("l", range(11))
+def test_recurrence_matches_harmonics_least_squares(l: int) -> None:
+    # Independent reference: D from Y_l(R x) = D Y_l(x) at 4l+4 random points, solved by least squares on
+    # spherical_harmonics (the Legendre recursion, not the Wigner-D recurrence). Well-conditioned, so
+    # the reference itself is good to ~1e-14.
+    R = _near_singular()
+    x = torch.randn(4 * l + 4, 3, generator=gen(46), dtype=F64)
+    y = spherical_harmonics(l, x)  # [N, 2l+1]
+    y_rot = spherical_harmonics(l, x @ R.transpose(-1, -2))  # [B, N, 2l+1]: rows R x_i
+    reference = torch.linalg.lstsq(y.expand(y_rot.shape), y_rot).solution.transpose(-1, -2)
+    assert (wigner_D(l, R) - reference).abs().max() < 1e-12
+    blocks = wigner_D_blocks(l, R)[:, l * l :, l * l :]
+    assert (blocks - reference).abs().max() < 1e-12
+
+
 # ----------------------------------------------------------------------------------------------------
 # dtype, device, shapes, blocks
 

@@ -12,14 +12,16 @@ Conventions
 
 Method
 ------
-``Y_l`` extended to all of R^3 as ``|x|^l Y_l(x / |x|)`` is a homogeneous polynomial (a solid harmonic),
-so ``Y_l(R p)`` is a polynomial in the entries of R. For fixed points ``p_1..p_N`` whose matrix
-``Y_l(P)`` ([2l+1, N]) has full row rank, ``Y_l(R P) = D(R) Y_l(P)`` gives
-``D(R) = Y_l(R P) Y_l(P)^+``. The points and pseudo-inverses are computed once in float64 and cached per
-(L, device); each call rotates N points, runs the (angle-free) Legendre recursion of the solid harmonics
-on them and does one small matrix product per degree. No Euler angles or axis-angle appear anywhere, so
-nothing is singular at the identity, at half-turns or at the poles: the result is as accurate there as
-anywhere else. Everything is computed in float64 and returned in the caller's dtype and device.
+``D^1 = P R Pᵀ`` is read off R, and ``D^l`` for l >= 2 follows from ``D^{l-1}`` and ``D^1`` by the
+Ivanic-Ruedenberg recurrence for real spherical harmonics (J. Phys. Chem. 1996, 100, 6342, with the 1998
+erratum), which is in exactly this basis and sign convention. Each entry of ``D^l`` is a fixed linear
+combination of products ``D^1[i, j] D^{l-1}[a, b]``, so ``D^l`` is a polynomial in the entries of R. No
+Euler angles or axis-angle appear anywhere, and there is no division or branch on the input, so nothing
+is singular at the identity, at half-turns or at the poles: the result is as accurate there as anywhere
+else. The poses sit on the last, contiguous axis, so each degree is a few long fused multiply-adds over
+the whole batch. Everything is computed in float64 and returned in the caller's dtype and device.
+(``spherical_harmonics`` uses the angle-free Legendre recursion of the solid harmonics, an independent
+construction that the tests compare with.)
 """
 
 from __future__ import annotations
@@ -46,9 +48,7 @@ __all__ = [
 
 # (x, y, z) -> (y, z, x): the real l = 1 basis in the order m = -1, 0, 1.
 _PERM_L1 = (1, 2, 0)
-# Condition number that the sampling matrices Y_l(P) must stay below, for every l <= L.
-_MAX_COND = 8.0
-# float64 scratch per chunk of poses (the harmonics at the rotated sample points).
+# float64 scratch per chunk of poses (all degrees of the recurrence and its temporaries).
 _CHUNK_BYTES = 1 << 27
 
 
@@ -157,58 +157,117 @@ def _solid_harmonics(L: int, xyz: Tensor) -> list[Tensor]:
     return out
 
 
-def _fibonacci_sphere(n: int) -> np.ndarray:
-    """``n`` nearly uniform unit vectors [n, 3] (golden-angle spiral), deterministic."""
-    k = np.arange(n, dtype=np.float64) + 0.5
-    z = 1.0 - 2.0 * k / n
-    phi = k * math.pi * (3.0 - math.sqrt(5.0))
-    s = np.sqrt(np.clip(1.0 - z * z, 0.0, None))
-    return np.stack([s * np.cos(phi), s * np.sin(phi), z], axis=-1)
+# ----------------------------------------------------------------------------------------------------
+# Wigner-D: the Ivanic-Ruedenberg recurrence D^{l-1}, D^1 -> D^l
 
 
-class _Sampling(NamedTuple):
-    points: Tensor  # [N, 3] float64
-    pinv: tuple[Tensor, ...]  # pinv[l]: [N, 2l+1] float64, Y_l(P)^+
+# Term k of the recurrence: (source, row shift, row r of D^1). Source 0 is D^{l-1}, source 1 the same
+# with its rows reversed (row a of it is row -a of D^{l-1}); r = 0, 1, 2 is i = -1, 0, 1 in the paper.
+# Target row m of D^l reads row m + shift of the source. Term 0 is u U, terms 1-4 split v V + w W by
+# source and shift, so that each term is one row slice of one source (see _degree_terms).
+_TERMS = ((0, 0, 1), (0, -1, 2), (0, 1, 2), (1, -1, 0), (1, 1, 0))
+
+
+class _Term(NamedTuple):
+    """One term of the step D^{l-1} -> D^l, restricted to the target rows where its kappa is nonzero."""
+
+    source: int  # 0: D^{l-1}, 1: D^{l-1} with reversed rows
+    r: int  # row of D^1 that multiplies it
+    target: slice  # rows of D^l
+    rows: slice  # rows of the source (target row t reads row t + shift - 1)
+    kappa_edge: Tensor  # [rows, 1, 1]: kappa times the normalisation of the columns n = ±l
+
+
+class _DegreeTerms(NamedTuple):
+    """Constants of the step D^{l-1} -> D^l, float64, for one degree l >= 2."""
+
+    kappa: Tensor  # [5, 2l+1, 1, 1]: row coefficient of each term, target rows m = -l..l
+    col_scale: Tensor  # [2l-1, 1]: normalisation of the columns |n| < l
+    terms: tuple[_Term, ...]
 
 
 @functools.cache
-def _sampling(L: int, device: torch.device) -> _Sampling:
-    """Points P and pseudo-inverses Y_l(P)^+ for all l <= L, float64, computed once per (L, device)."""
-    if device.type != "cpu":  # compute on the CPU once, then copy
-        cpu = _sampling(L, torch.device("cpu"))
-        return _Sampling(cpu.points.to(device), tuple(p.to(device) for p in cpu.pinv))
-    # Fewest spiral points (at least 2L+1, the dimension of Y_L) whose sampling matrices are all
-    # well conditioned: the cost per call grows with N, the rounding error with the condition number.
-    n = 2 * L + 1
-    while True:
-        points = torch.from_numpy(_fibonacci_sphere(n))
-        ys = _solid_harmonics(L, points.T.contiguous())
-        if max(float(np.linalg.cond(y.numpy())) for y in ys) < _MAX_COND:
-            break
-        n += 1 + n // 16
-    return _Sampling(points.contiguous(), tuple(torch.linalg.pinv(y) for y in ys))
+def _degree_terms(l: int, device: torch.device) -> _DegreeTerms:
+    """Coefficients of Ivanic & Ruedenberg (J. Phys. Chem. 1996, 100, 6342; erratum 1998, 102, 9099).
 
-
-def _wigner_D_chunks(L: int, R: Tensor, l_min: int) -> Iterator[tuple[int, int, list[Tensor]]]:
-    """Yield ``(start, stop, [D^l for l_min <= l <= L])`` over chunks of the poses ``R [M, 3, 3]`` (l >= 2).
-
-    Each D^l is float64 ``[2l+1, stop - start, 2l+1]`` (row, pose, column). The harmonics are laid out as
-    [2l+1, poses * N] (pose-major, point-minor): the recursion then runs over long contiguous rows, and
-    each degree is one GEMM [(2l+1) poses, N] @ [N, 2l+1] whose result needs only a row/pose swap.
-    The harmonics take ~N (L+1)^2 float64 per pose, many times the output of a single degree, so huge
-    batches go in chunks to bound the scratch memory.
+    Their u, v, w are ``sqrt(numerator(m) / denominator(n))``; the numerators go into kappa (per target row
+    m), the denominators into the column normalisations. In the paper's notation the terms are
+    U = P_0(m, n), V = ±P_1(m ∓ 1, n) - P_-1(-m ± 1, n), W = P_1(m ± 1, n) ± P_-1(-m ∓ 1, n) (with the
+    special cases m = 0, ±1), and P_-1(-a, n) is row a of the reversed source.
     """
-    device = _work_device(R.device)
-    samp = _sampling(L, device)
-    N = samp.points.shape[0]
-    step = max(1, _CHUNK_BYTES // (4 * 8 * N * (L + 1) ** 2))  # harmonics plus a few temporaries
-    for start in range(0, R.shape[0], step):
-        R64 = R[start : start + step].to(device=device, dtype=torch.float64)
-        M = R64.shape[0]
-        rotated = (R64.reshape(M * 3, 3) @ samp.points.T).view(M, 3, N)  # R_b p_j, one GEMM
-        ys = _solid_harmonics(L, rotated.transpose(0, 1).reshape(3, M * N))  # [2l+1, M*N] each
-        Ds = [(ys[l].view(-1, N) @ samp.pinv[l]).view(2 * l + 1, M, 2 * l + 1) for l in range(l_min, L + 1)]
-        yield start, start + M, Ds
+    kappa = np.zeros((len(_TERMS), 2 * l + 1))
+    for m in range(-l, l + 1):
+        a = abs(m)
+        u = math.sqrt((l + m) * (l - m))
+        v = 0.5 * math.sqrt((l + a - 1) * (l + a) * (2 if m == 0 else 1)) * (-1 if m == 0 else 1)
+        w = -0.5 * math.sqrt((l - a - 1) * (l - a)) if a < l else 0.0  # zero for |m| >= l - 1
+        # columns: U, (D^{l-1}, m-1), (D^{l-1}, m+1), (reversed, m-1), (reversed, m+1)
+        if m > 0:
+            kappa[:, m + l] = (u, v * math.sqrt(2) if m == 1 else v, w, 0.0 if m == 1 else -v, w)
+        elif m == 0:
+            kappa[:, m + l] = (u, 0.0, v, 0.0, v)
+        else:
+            kappa[:, m + l] = (u, w, 0.0 if m == -1 else v, -w, v * math.sqrt(2) if m == -1 else v)
+    kappa_t = torch.tensor(kappa, dtype=torch.float64, device=device)[:, :, None, None]
+    kappa_edge = kappa_t / math.sqrt(2 * l * (2 * l - 1))
+    terms = []
+    for k, (source, shift, r) in enumerate(_TERMS):
+        nonzero = np.flatnonzero(kappa[k])
+        t0, t1 = int(nonzero[0]), int(nonzero[-1]) + 1
+        # the source rows read by the nonzero span must exist (rows 0..2l-2 of D^{l-1})
+        if t0 + shift - 1 < 0 or t1 + shift - 1 > 2 * l - 1:
+            raise RuntimeError(f"recurrence term {k} of degree {l} reads outside D^{l - 1}")  # a bug
+        terms.append(_Term(source, r, slice(t0, t1), slice(t0 + shift - 1, t1 + shift - 1), kappa_edge[k, t0:t1]))
+    n = np.arange(-(l - 1), l)
+    return _DegreeTerms(
+        kappa=kappa_t,
+        col_scale=torch.tensor(1 / np.sqrt((l + n) * (l - n)), dtype=torch.float64, device=device)[:, None],
+        terms=tuple(terms),
+    )
+
+
+class _RotationTerms(NamedTuple):
+    """Entries of D^1 that multiply the terms, shared by all degrees; float64, poses last."""
+
+    mid: Tensor  # [5, 1, 1, M]: D^1[r, 0] of each term's row r (m = 0 column: columns |n| < l)
+    edge_a: Tensor  # [3, 1, 2, M]: per row r, the coefficients of column -(l-1) in columns -l, +l
+    edge_b: Tensor  # [3, 1, 2, M]: the same for column l-1
+
+
+def _rotation_terms(D1: Tensor) -> _RotationTerms:
+    """``D1 [3, 3, M]`` (float64, rows and columns m = -1, 0, 1) -> the factors used by every degree."""
+    rows = torch.tensor([r for _, _, r in _TERMS], device=D1.device)
+    plus, minus = D1[:, 2], D1[:, 0]  # [3, M]: D^1[r, 1], D^1[r, -1]
+    # P_r(a, -l) = D^1[r, 1] D[a, -(l-1)] + D^1[r, -1] D[a, l-1] and
+    # P_r(a, +l) = D^1[r, 1] D[a, l-1] - D^1[r, -1] D[a, -(l-1)]
+    return _RotationTerms(
+        mid=D1[:, 1].index_select(0, rows)[:, None, None],
+        edge_a=torch.stack([plus, -minus], dim=1).unsqueeze(1),
+        edge_b=torch.stack([minus, plus], dim=1).unsqueeze(1),
+    )
+
+
+def _next_degree(l: int, prev: Tensor, rot: _RotationTerms, out: Tensor) -> None:
+    """Add D^l to ``out [2l+1, 2l+1, M]`` (zeros) from D^{l-1} ``[2l-1, 2l-1, M]`` (float64, poses last, l >= 2).
+
+    ``D^l[m, n] = sum_k kappa_k[m] P_k(m + shift_k, n)``, where for |n| < l, P_k is the source's entry
+    (m + shift_k, n) times D^1[r_k, 0] and the column normalisation, and for n = ±l a combination of its
+    columns ±(l-1). Each term is then one fused multiply-add over a row slice, with the poses on the
+    last, contiguous axis: a handful of long vectorised ops per degree and no gathers. Everything is a
+    polynomial in the entries of D^1, with no division or branch on the input, so it is as exact at the
+    identity, at half-turns and at the poles as anywhere else.
+    """
+    c = _degree_terms(l, prev.device)
+    scaled = prev * c.col_scale  # the normalisation of columns |n| < l, applied once to the source
+    mid_sources = (scaled, scaled.flip(0))
+    ends = prev[:, :: 2 * l - 2]  # columns -(l-1), l-1: [2l-1, 2, M]
+    edge = torch.addcmul(ends[None, :, :1] * rot.edge_a, ends[None, :, 1:], rot.edge_b)  # [3, 2l-1, 2, M]
+    edge_sources = (edge, edge.flip(1))
+    coef = rot.mid * c.kappa  # [5, 2l+1, 1, M]
+    out_mid, out_edge = out[:, 1:-1], out[:, :: 2 * l]
+    for k, term in enumerate(c.terms):
+        out_mid[term.target].addcmul_(mid_sources[term.source][term.rows], coef[k, term.target])
+        out_edge[term.target].addcmul_(edge_sources[term.source][term.r, term.rows], term.kappa_edge)
 
 
 def _wigner_D_low(l: int, R: Tensor) -> Tensor:
@@ -217,6 +276,29 @@ def _wigner_D_low(l: int, R: Tensor) -> Tensor:
         return R.new_ones(R.shape[:-2] + (1, 1))
     perm = torch.tensor(_PERM_L1, device=R.device)
     return R.index_select(-2, perm).index_select(-1, perm)
+
+
+def _higher_degrees(L: int, R: Tensor) -> Iterator[tuple[int, int, list[Tensor]]]:
+    """``(start, stop, [D^l for l = 2..L])`` over chunks of the poses ``R [M, 3, 3]``.
+
+    Each D^l is float64 ``[2l+1, 2l+1, stop - start]`` on the work device, poses last, so that every step
+    of the recurrence is a few long contiguous elementwise ops. Huge batches go in chunks to bound this
+    scratch (all degrees below L plus the temporaries of a step).
+    """
+    device = _work_device(R.device)
+    step = max(1, _CHUNK_BYTES // (2 * 8 * sum((2 * l + 1) ** 2 for l in range(L + 1))))
+    for start in range(0, R.shape[0], step):
+        R64 = R[start : start + step].to(device=device, dtype=torch.float64)
+        M = R64.shape[0]
+        D = _wigner_D_low(1, R64).permute(1, 2, 0).contiguous()  # [3, 3, M]
+        rot = _rotation_terms(D)
+        Ds = []
+        for l in range(2, L + 1):
+            # zeros, as the terms accumulate; a fresh tensor per degree, which autograd needs
+            Ds.append(torch.zeros((2 * l + 1, 2 * l + 1, M), dtype=torch.float64, device=device))
+            _next_degree(l, D, rot, Ds[-1])
+            D = Ds[-1]
+        yield start, start + M, Ds
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -236,17 +318,18 @@ def wigner_D(l: int, R: Tensor) -> Tensor:
     if l <= 1:
         return _wigner_D_low(l, R)
     flat = R.reshape(-1, 3, 3)
-    out = torch.empty((flat.shape[0], 2 * l + 1, 2 * l + 1), dtype=R.dtype, device=R.device)
-    for start, stop, (D,) in _wigner_D_chunks(l, flat, l_min=l):
-        out[start:stop] = D.transpose(0, 1)  # one pass: poses to the front, cast to the caller's dtype
-    return out.reshape(R.shape[:-2] + (2 * l + 1, 2 * l + 1))
+    d = 2 * l + 1
+    out = torch.empty((flat.shape[0], d, d), dtype=R.dtype, device=R.device)
+    for start, stop, Ds in _higher_degrees(l, flat):
+        out[start:stop] = Ds[-1].to(R.dtype).permute(2, 0, 1)  # cast while contiguous, then poses to the front
+    return out.reshape(R.shape[:-2] + (d, d))
 
 
 def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
     """Block-diagonal ``D^0 ⊕ D^1 ⊕ ... ⊕ D^L``: ``R [..., 3, 3] -> [..., (L+1)^2, (L+1)^2]``.
 
     The unitary representation of SO(3)-RoPE (each degree once). All degrees come out of one pass of the
-    harmonic recursion; off-diagonal blocks are exactly zero.
+    recurrence; off-diagonal blocks are exactly zero.
     """
     L = _check_degree(L, "L")
     _check_rotations(R)
@@ -257,10 +340,10 @@ def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
     out[:, 0, 0] = 1
     if L >= 1:
         out[:, 1:4, 1:4] = _wigner_D_low(1, flat)
-    if L >= 2:
-        for start, stop, Ds in _wigner_D_chunks(L, flat, l_min=2):
-            for l, D in enumerate(Ds, start=2):
-                out[start:stop, l * l : (l + 1) ** 2, l * l : (l + 1) ** 2] = D.transpose(0, 1)  # casts
+    for start, stop, Ds in _higher_degrees(L, flat):
+        for l, D in enumerate(Ds, start=2):
+            # cast while contiguous, so that the transposing copy moves fewer bytes
+            out[start:stop, l * l : (l + 1) ** 2, l * l : (l + 1) ** 2] = D.to(R.dtype).permute(2, 0, 1)
     return out.reshape(R.shape[:-2] + (d, d))
 
 
