@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-from sphere_points import fibonacci_sphere
 
+from eqvit.geometry import fibonacci_sphere
 from eqvit.train.metrics import (
     SphereErrorMap,
     grid_latitudes,
@@ -25,7 +25,7 @@ def grid_w():
 
 @pytest.fixture(scope="module")
 def points():
-    pts = fibonacci_sphere(400)
+    pts = torch.from_numpy(fibonacci_sphere(400))
     return pts, torch.full((400,), 4 * math.pi / 400, dtype=torch.float64)  # equal-area
 
 

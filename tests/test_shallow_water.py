@@ -14,7 +14,6 @@ import math
 
 import pytest
 import torch
-from sphere_points import fibonacci_sphere
 
 from eqvit.data.shallow_water import (
     ShallowWaterConfig,
@@ -25,6 +24,7 @@ from eqvit.data.shallow_water import (
     points_hash,
     real_sh_basis,
 )
+from eqvit.geometry import fibonacci_sphere
 
 
 def rel_err_per_channel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ def rel_err_per_channel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def data():
-    return ShallowWaterData(ShallowWaterConfig(seed=7, stats_samples=8), points=fibonacci_sphere(500))
+    return ShallowWaterData(ShallowWaterConfig(seed=7, stats_samples=8), points=torch.from_numpy(fibonacci_sphere(500)))
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_bad_inputs_raise_value_error(data):
     with pytest.raises(ValueError, match=r"\[V, 3\].*got \[10, 2\]"):
         ShallowWaterData(ShallowWaterConfig(), points=torch.randn(10, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="unit vectors"):
-        real_sh_basis(2 * fibonacci_sphere(10), 4)
+        real_sh_basis(2 * torch.from_numpy(fibonacci_sphere(10)), 4)
     with pytest.raises(ValueError, match="unknown domain"):
         data.next_batch(1, domain="mesh")
     with pytest.raises(ValueError, match=r"\[\.\.\., 3, 22, 22\]"):
