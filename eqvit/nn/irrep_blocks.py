@@ -117,31 +117,27 @@ class InvariantHead(nn.Module):
         self.trivial = np.asarray(trivial, dtype=np.int64)
         self.groups = [np.asarray(g, dtype=np.int64) for g in groups]
         self.register_buffer("trivial_index", torch.from_numpy(self.trivial.copy()), persistent=False)
-        sizes = sorted({len(g) for g in groups})
-        self._norm_groups = len(sizes)
-        self._group_order = []
-        for n, size in enumerate(sizes):
-            members = [k for k, g in enumerate(groups) if len(g) == size]
-            self._group_order += members
-            idx = np.stack([np.asarray(groups[k], dtype=np.int64) for k in members])
-            self.register_buffer(f"group_index_{n}", torch.as_tensor(idx), persistent=False)
-        # Invariants are computed grouped by size; this puts them back in ``groups`` order.
-        self.register_buffer(
-            "group_perm", torch.as_tensor(np.argsort(np.asarray(self._group_order, dtype=np.int64))), persistent=False
-        )
+        # One gather for all norms: groups padded to the largest size with a zero coordinate (index dim).
+        dim = ftype.dim
+        width = max((len(g) for g in self.groups), default=0)
+        self._pad = any(len(g) < width for g in self.groups)
+        index = np.full((len(self.groups), width), dim, dtype=np.int64)
+        for k, g in enumerate(self.groups):
+            index[k, : len(g)] = g
+        self.register_buffer("norm_index", torch.from_numpy(index), persistent=False)
         self.num_invariants = len(trivial) + len(groups)
         self.drop = nn.Dropout(drop)
         self.fc = nn.Linear(self.num_invariants, num_classes)
 
     def invariants(self, cls: torch.Tensor) -> torch.Tensor:
-        norms = [
-            torch.linalg.vector_norm(cls[..., getattr(self, f"group_index_{n}")], dim=-1)
-            for n in range(self._norm_groups)
-        ]
-        parts = [cls[..., self.trivial_index]]
-        if norms:
-            parts.append(torch.cat(norms, dim=-1)[..., self.group_perm])
-        return torch.cat(parts, dim=-1)
+        """``[..., dim] -> [..., num_invariants]``: the trivial coordinates, then one norm per group."""
+        buffers = self._buffers
+        trivial = cls[..., buffers["trivial_index"]]
+        if not len(self.groups):
+            return trivial
+        padded = torch.cat([cls, cls.new_zeros(*cls.shape[:-1], 1)], dim=-1) if self._pad else cls
+        norms = torch.linalg.vector_norm(padded[..., buffers["norm_index"]], dim=-1)
+        return torch.cat([trivial, norms], dim=-1)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.fc(self.drop(self.invariants(tokens[:, 0])))

@@ -8,6 +8,8 @@ whole token (all representation matrices are orthogonal), ``gamma`` is one scala
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -48,24 +50,33 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
     def extra_repr(self) -> str:
         return f"{self.ftype}, eps={self.eps}"
 
-    def affine(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(gamma [dim], beta [dim])`` per coordinate (cached while no gradient is recorded)."""
+    def affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(gamma [dim], beta [dim], centre mask [dim])`` per coordinate (cached while no gradient is recorded)."""
 
         def compute():
             beta = self.bias.new_zeros(self.ftype.dim).index_add(0, self.bias_index, self.bias)
-            return self.weight[self.copy_index], beta
+            return self.weight[self.copy_index], beta, self.center_mask
+
+        return self.derived("affine", [self._parameters["weight"], self._parameters["bias"]], compute)
+
+    def _scaled_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`affine` with ``gamma * sqrt(dim)``: ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / sqrt(|z|^2 + dim eps)``."""
+
+        def compute():
+            gamma, beta, mask = self.affine()
+            return gamma * math.sqrt(self.ftype.dim), beta, mask
 
         params = self._parameters
-        return self.derived("affine", [params["weight"], params["bias"]], compute)
+        return self.derived("scaled_affine", [params["weight"], params["bias"]], compute)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._center_slice is not None:
-            mean = x[..., self._center_slice].mean(-1, keepdim=True)
+        gamma, beta, mask = self._scaled_affine()
+        center = self._center_slice
+        if center is not None:  # sum over a slice, scaled by -1/n in the same op as the subtraction
+            x = torch.addcmul(x, x[..., center].sum(-1, keepdim=True), mask, value=-1.0 / (center.stop - center.start))
         else:
-            mean = (x @ self.center_weights).unsqueeze(-1)
-        x = torch.addcmul(x, mean, self.center_mask, value=-1)
-        scale = x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        gamma, beta = self.affine()
+            x = torch.addcmul(x, (x @ self._buffers["center_weights"]).unsqueeze(-1), mask, value=-1)
+        scale = torch.linalg.vecdot(x, x).add_(self.eps * x.shape[-1]).rsqrt_().unsqueeze(-1)
         return torch.addcmul(beta, x * scale, gamma)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
