@@ -22,13 +22,18 @@ class ClassifierHistory:
     """Per-epoch train loss, validation accuracy and the group the model was equivariant to."""
 
     train_loss: list[float] = field(default_factory=list)
-    val_accuracy: list[float] = field(default_factory=list)
+    val_accuracy: list[float] = field(default_factory=list)  # NaN for epochs without evaluation
     group: list[str] = field(default_factory=list)
     best_epoch: int = -1
 
     @property
     def best_accuracy(self) -> float:
-        return self.val_accuracy[self.best_epoch] if self.val_accuracy else float("nan")
+        return self.val_accuracy[self.best_epoch] if self.best_epoch >= 0 else float("nan")
+
+    @property
+    def epochs(self) -> int:
+        """Epochs trained (fewer than asked for when early stopping ended the run)."""
+        return len(self.train_loss)
 
 
 @torch.no_grad()
@@ -59,14 +64,20 @@ def fit_classifier(
     patience: int | None = None,
     relaxation: SymmetryRelaxation | None = None,
     seed: int = 0,
+    eval_every: int = 1,
 ) -> tuple[nn.Module, ClassifierHistory]:
     """Train ``model`` on ``train = (x, y)``; returns the best model (by validation accuracy) and the history.
+
+    The validation accuracy is computed every ``eval_every`` epochs and after the last one; early
+    stopping ends the run when ``patience`` epochs have passed since the best evaluation.
 
     With ``relaxation``, the model is restricted to a subgroup at the scheduled epochs (the same
     function, so the loss is continuous there) and the optimizer restarts.
     """
     if epochs < 1:
         raise ValueError(f"expected epochs >= 1, got {epochs}")
+    if eval_every < 1:
+        raise ValueError(f"expected eval_every >= 1, got {eval_every}")
     x, y = train
     gen = torch.Generator().manual_seed(seed)
     opt = _optimizer(model, lr, weight_decay)
@@ -89,10 +100,13 @@ def fit_classifier(
             opt.step()
             total += loss.item() * len(idx)
             count += len(idx)
-        acc = accuracy(model, *val)
         history.train_loss.append(total / count)
-        history.val_accuracy.append(acc)
         history.group.append(getattr(getattr(model, "group", None), "name", "none"))
+        if (epoch + 1) % eval_every and epoch + 1 < epochs:
+            history.val_accuracy.append(float("nan"))
+            continue
+        acc = accuracy(model, *val)
+        history.val_accuracy.append(acc)
         if acc > best:
             best, history.best_epoch, best_state = acc, epoch, copy.deepcopy(model.state_dict())
         elif patience is not None and epoch - history.best_epoch >= patience:
