@@ -1,15 +1,26 @@
 """Forward time, parameters and FLOPs of the D4 square O(2)-subgroup ViT against a timm ViT.
 
-Both models have the same total width D (the O(2) model: D / 8 copies of the regular
-representation of D4), the same tokens (256 patches of 16^2 pixels of a 256^2 image, one class
-token), depth 6, 3 heads and MLP hidden width 2D. Writes JSON and prints a table.
-Usage: ``python benchmarks/o2_speed.py [--device cuda] [--batch 32] [--widths 48 96 192]``.
+Models (issue 5): ``o2vit_square_s`` (D4, total width D = 48 = 6 copies of the regular
+representation stored irrep-wise, 256 patches of 16^2 pixels of a 256^2 image plus one class token,
+depth 6, 3 heads, MLP over 12 regular D4-orbits = hidden width 96 = 2D) with coupled attention and
+with irrep-wise attention (3 heads per irrep, 15 heads in all), against the timm
+``VisionTransformer`` with the same width, tokens, depth, heads and MLP ratio
+(``timm.create_model("vit_tiny_patch16_224", img_size=256, embed_dim=D, depth=6, num_heads=3,
+mlp_ratio=2.0)``).
+
+The models run interleaved (every repeat times each model once, in turn) so that load from other
+jobs on a shared machine hits all of them alike; medians are reported with the load average.
+FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add; matmuls,
+convolutions and attention; elementwise ops are not counted). Writes JSON and prints a table.
+
+Usage: ``python benchmarks/o2_speed.py [--batches 1 16] [--threads 1 2] [--widths 48]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -21,19 +32,41 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
 
+MODELS = ("o2vit_D4_coupled", "o2vit_D4_irrepwise", "timm_vit")
 
-def forward_time(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> float:
-    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
-    times = []
-    with torch.no_grad():
-        model(x)
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            model(x)
-            sync()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+def build(name: str, width: int) -> torch.nn.Module:
+    if name == "timm_vit":
+        model = timm.create_model(
+            "vit_tiny_patch16_224", img_size=256, embed_dim=width, depth=6, num_heads=3, mlp_ratio=2.0, num_classes=38
+        )
+    else:
+        attention = name.rsplit("_", 1)[1]
+        model = eqvit.create_model("o2vit_square_s", embed_dim=width, attention=attention, num_classes=38)
+    return model.eval()
+
+
+def describe(name: str, model: torch.nn.Module) -> dict:
+    """Width, tokens, depth, heads and MLP hidden width (to check that the models are comparable)."""
+    if name == "timm_vit":
+        blk = model.blocks[0]
+        return {
+            "width": model.embed_dim,
+            "tokens": model.patch_embed.num_patches + model.num_prefix_tokens,
+            "depth": len(model.blocks),
+            "heads": blk.attn.num_heads,
+            "mlp_hidden": blk.mlp.fc1.out_features,
+        }
+    blk = model.blocks[0]
+    return {
+        "width": model.embed_dim,
+        "tokens": model.tokenizer.num_tokens + model.num_prefix_tokens,
+        "depth": len(model.blocks),
+        "heads": len(blk.attn.heads),
+        "head_sizes": sorted({len(h) for h in blk.attn.heads}),
+        "mlp_hidden": blk.mlp.folded_weights()[0].shape[0],
+        "feature_type": str(model.feature_type),
+    }
 
 
 def flops(model: torch.nn.Module, x: torch.Tensor) -> int:
@@ -42,53 +75,95 @@ def flops(model: torch.nn.Module, x: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
+def interleaved_times(models: dict[str, torch.nn.Module], x: torch.Tensor, repeats: int) -> dict[str, list[float]]:
+    times = {name: [] for name in models}
+    with torch.no_grad():
+        for model in models.values():  # warm-up (builds the cached dense weights)
+            model(x)
+            model(x)
+        for _ in range(repeats):
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(x)
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--widths", type=int, nargs="+", default=[48, 96, 192])
-    parser.add_argument("--threads", type=int, default=None)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--widths", type=int, nargs="+", default=[48])
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default: 60 at batch 1, 15 above)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "o2_speed.json"))
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    x = torch.randn(args.batch, 3, 256, 256, device=device)
+    torch.manual_seed(0)
     rows = []
+    header = (
+        f"{'D':>4} {'B':>3} {'thr':>3} | {'model':<19} {'fwd ms':>9} {'ratio':>6} {'GFLOP':>7} {'params':>8} | load"
+    )
+    print(header)
+    print("-" * len(header))
     for width in args.widths:
-        o2 = eqvit.create_model("o2vit_square_s", embed_dim=width, num_classes=38).to(device).eval()
-        vit = (
-            timm.create_model(
-                "vit_tiny_patch16_224",
-                img_size=256,
-                embed_dim=width,
-                depth=6,
-                num_heads=3,
-                mlp_ratio=2.0,
-                num_classes=38,
-            )
-            .to(device)
-            .eval()
-        )
-        row = {"width": width}
-        for name, model in (("o2vit_D4", o2), ("timm_vit", vit)):
-            row[name] = {
-                "forward_s": forward_time(model, x, args.repeats),
-                "params": sum(p.numel() for p in model.parameters()),
-                "gflops": flops(model, x) / 1e9,
-            }
-        row["forward_ratio"] = row["o2vit_D4"]["forward_s"] / row["timm_vit"]["forward_s"]
-        rows.append(row)
-        print(
-            f"D={width:4d}  o2vit {row['o2vit_D4']['forward_s'] * 1e3:8.1f} ms {row['o2vit_D4']['gflops']:7.2f} GFLOP "
-            f"{row['o2vit_D4']['params']:9d} params | timm {row['timm_vit']['forward_s'] * 1e3:8.1f} ms "
-            f"{row['timm_vit']['gflops']:7.2f} GFLOP {row['timm_vit']['params']:9d} params "
-            f"| ratio {row['forward_ratio']:.2f}"
-        )
+        models = {name: build(name, width) for name in MODELS}
+        shapes = {name: describe(name, m) for name, m in models.items()}
+        for key in ("width", "tokens", "depth", "mlp_hidden"):
+            if len({s[key] for s in shapes.values()}) != 1:
+                raise RuntimeError(f"models differ in {key}: {shapes}")
+        params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+        for batch in args.batches:
+            x = torch.randn(batch, 3, 256, 256)
+            torch.set_num_threads(1)
+            gflops = {name: flops(m, x) / 1e9 for name, m in models.items()}
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                repeats = args.repeats or (60 if batch == 1 else 15)
+                load_before = os.getloadavg()
+                times = interleaved_times(models, x, repeats)
+                load_after = os.getloadavg()
+                med = {name: statistics.median(t) for name, t in times.items()}
+                per_round = {
+                    name: statistics.median(a / b for a, b in zip(times[name], times["timm_vit"])) for name in MODELS
+                }
+                row = {
+                    "width": width,
+                    "batch": batch,
+                    "threads": threads,
+                    "repeats": repeats,
+                    "load_avg_1min": [round(load_before[0], 2), round(load_after[0], 2)],
+                    "models": {
+                        name: {
+                            "forward_ms_median": med[name] * 1e3,
+                            "forward_ms_min": min(times[name]) * 1e3,
+                            "ratio_to_timm": med[name] / med["timm_vit"],
+                            "ratio_to_timm_per_round_median": per_round[name],
+                            "gflops": gflops[name],
+                            "params": params[name],
+                            **shapes[name],
+                        }
+                        for name in MODELS
+                    },
+                }
+                rows.append(row)
+                for name in MODELS:
+                    r = row["models"][name]
+                    print(
+                        f"{width:>4} {batch:>3} {threads:>3} | {name:<19} {r['forward_ms_median']:>9.2f} "
+                        f"{r['ratio_to_timm']:>6.3f} {r['gflops']:>7.3f} {r['params']:>8d} | "
+                        f"{row['load_avg_1min'][0]:.2f}->{row['load_avg_1min'][1]:.2f}"
+                    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": str(device), "batch": args.batch, "torch": torch.__version__, "machine": platform.machine()}
+    meta = {
+        "device": "cpu",
+        "dtype": "float32",
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "note": "interleaved timing; ratio = median o2vit time / median timm time; FLOPs = 2 x multiply-adds",
+    }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
 
