@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=None, help="early stopping: epochs without a new best")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--resume", action="store_true", help="skip the runs already in OUT/runs.json")
+    parser.add_argument(
+        "--report-only", action="store_true", help="only rewrite summary.json and the plot from OUT/runs.json"
+    )
     parser.add_argument("--smoke", action="store_true", help="one seed, one epoch, depth 1, 1%% of the data")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "o2_data_efficiency"))
     args = parser.parse_args()
@@ -94,12 +97,20 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "smoke")} | {
+    invocation = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "smoke", "report_only")} | {
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "torch": torch.__version__,
     }
-    runs = json.loads((out / "runs.json").read_text())["runs"] if args.resume and (out / "runs.json").is_file() else []
+    previous = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
+    if args.report_only:
+        report(previous["runs"], previous["settings"], out)
+        return
+    runs, settings = [], [invocation]
+    if args.resume and previous:
+        runs = previous["runs"]
+        earlier = previous["settings"]
+        settings = (earlier if isinstance(earlier, list) else [earlier]) + [invocation]
     done = {(r["grid"], r["group"], r["ratio"], r["seed"], r["target"]) for r in runs}
     wall = time.perf_counter()
     for grid in args.grids:
@@ -144,6 +155,8 @@ def main() -> None:
                                 epochs=history.epochs,
                                 max_epochs=epochs_at[ratio],
                                 train_size=len(data["train"][1]),
+                                batch_size=args.batch_size,
+                                lr=args.lr,
                                 seconds=time.perf_counter() - start,
                             )
                         )
@@ -151,13 +164,17 @@ def main() -> None:
                         write_runs(runs, settings, out)
     print(f"wall time {time.perf_counter() - wall:.0f} s for {len(runs) - len(done)} runs")
     write_runs(runs, settings, out)
+    report(runs, settings, out)
+
+
+def report(runs: list[dict], settings: list[dict] | dict, out: Path) -> None:
     summary = summarise(runs)
     (out / "summary.json").write_text(json.dumps({"settings": settings, "summary": summary}, indent=2))
     print_summary(summary)
     plot(runs, out)
 
 
-def write_runs(runs: list[dict], settings: dict, out: Path) -> None:
+def write_runs(runs: list[dict], settings: list[dict] | dict, out: Path) -> None:
     (out / "runs.json").write_text(json.dumps({"settings": settings, "runs": runs}, indent=2))
 
 
