@@ -534,3 +534,98 @@ def test_cached_weights_follow_parameter_updates():
     with torch.no_grad():
         restricted = eqvit.restrict(model, "C4")
         assert rel_err(restricted(x), y2) <= TOL
+
+
+# ------------------------------------------------------------------------------------------------
+# cached patch filters (F = W E), square patches by one strided conv, cached APE
+
+
+def _grads(out: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(11)
+    weight = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    return torch.autograd.grad((out * weight).sum(), inputs)
+
+
+@pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("square", "C2"), ("hex", "D6"), ("hex", "C3")])
+def test_patch_tokens_and_ape_match_references_with_gradients(grid, group):
+    """Square tokenizers embed by ``F.conv2d`` with the cached filters, hexagonal ones by gather +
+    ``F.linear``; both equal the gather-unfold with the block-wise reference filters, and the cached
+    APE equals its einsums, in values and in gradients (parameters and input)."""
+    G = get_group(group)
+    V = FeatureType.regular(G, 2)
+    if grid == "square":
+        tok, shape = SquarePatchTokenizer(G, 12, 4, 2, V), (12, 12)
+    else:
+        hexgrid = HexPatchGrid(2, 3)
+        tok, shape = HexPatchTokenizer(G, hexgrid, 2, V), (hexgrid.num_points,)
+    tok = randomise_(tok).double()
+    ape = randomise_(InvariantAPE(G, tok.centers, V)).double()
+    x = torch.randn(2, 2, *shape, dtype=torch.float64, requires_grad=True)
+    params = list(tok.embed.parameters())
+    y, y_ref = tok.patch_tokens(x), tok.patch_tokens_reference(x)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
+    for a, b in zip(_grads(y, [x, *params]), _grads(y_ref, [x, *params])):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    p, p_ref = ape.embedding(), ape.embedding_reference()
+    torch.testing.assert_close(p, p_ref, rtol=0, atol=1e-12)
+    ape_params = list(ape.parameters())
+    for a, b in zip(_grads(p, ape_params), _grads(p_ref, ape_params)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    # Without gradients both are cached; with gradients they carry the graph.
+    with torch.no_grad():
+        assert tok.embed.filters() is tok.embed.filters() and ape.embedding() is ape.embedding()
+        torch.testing.assert_close(tok(x), torch.cat([tok(x)[:, :1], y_ref], dim=1), rtol=0, atol=1e-10)
+    assert tok.embed.filters().requires_grad and ape.embedding().requires_grad
+
+
+def test_tokenizer_and_ape_caches_follow_updates():
+    """The cached filters and APE are recomputed after an optimizer step, an in-place change,
+    load_state_dict, a dtype change and a replaced filter basis."""
+    model = randomise_(tiny("square", "D4", drop_path_rate=0.0, attn_drop_rate=0.0, head_drop_rate=0.0)).double()
+    embed, ape = model.tokenizer.embed, model.posenc
+    model.eval()
+
+    def check(m):  # the cached values equal freshly computed references
+        with torch.no_grad():
+            torch.testing.assert_close(
+                m.tokenizer.embed.filters(), m.tokenizer.embed.filters_reference(), rtol=0, atol=1e-12
+            )
+            torch.testing.assert_close(m.posenc.embedding(), m.posenc.embedding_reference(), rtol=0, atol=0)
+
+    with torch.no_grad():
+        f0, p0 = embed.filters(), ape.embedding()
+    check(model)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    model(x).square().sum().backward()
+    opt.step()
+    model.eval()
+    with torch.no_grad():
+        assert not torch.equal(embed.filters(), f0) and not torch.equal(ape.embedding(), p0)
+    check(model)
+    with torch.no_grad():  # in place, without a train()/eval() switch
+        f1 = embed.filters()
+        embed.proj.weights[0].mul_(1.5)
+        ape.pos_embed[0].mul_(1.5)
+        assert embed.filters() is not f1
+    check(model)
+    other = randomise_(tiny("square", "D4"), seed=7).double().eval()
+    with torch.no_grad():
+        other(x)
+        other.load_state_dict(model.state_dict())
+        torch.testing.assert_close(other(x), model(x), rtol=0, atol=0)
+    check(other)
+    other.float()
+    with torch.no_grad():
+        assert (
+            other.tokenizer.embed.filters().dtype == torch.float32 and other.posenc.embedding().dtype == torch.float32
+        )
+    other.double()
+    check(other)
+    with torch.no_grad():  # a replaced (here: broken) filter basis is noticed
+        old = model(x)
+        embed.filter_basis = torch.randn_like(embed.filter_basis)
+        assert rel_err(model(x), old) > 1e-3
+    check(model)
+

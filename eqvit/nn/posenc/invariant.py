@@ -2,7 +2,8 @@
 
 ``PosEnc(x) = x + p`` is equivariant iff ``rho(g) p_rho(g^-1 . a) = p_rho(a)`` for every irrep. A basis
 of the invariant subspace of ``R^H (x) V_rho`` (the fixed space of ``P_H(g) (x) rho(g)``) is
-precomputed; each channel of ``p_rho`` is a learned combination of it.
+precomputed; each channel of ``p_rho`` is a learned combination of it. The encoding ``p`` is cached
+while no gradient is recorded (:class:`~eqvit.nn.linear.DerivedCache`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 from eqvit.geometry.points import permutations_for
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.linear import DerivedCache
 from eqvit.nn.posenc.base import PositionalScheme
 
 
@@ -38,7 +40,7 @@ def invariant_basis(perms: np.ndarray, matrices: np.ndarray) -> np.ndarray:
     return basis.reshape(-1, M, d)
 
 
-class InvariantAPE(PositionalScheme, ExactBuffers):
+class InvariantAPE(DerivedCache, PositionalScheme, ExactBuffers):
     """``x [B, M, V.dim] -> x + p`` with ``p`` G-invariant on the patch centres.
 
     Args:
@@ -67,7 +69,13 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
             self.pos_embed.append(nn.Parameter(torch.randn(c, len(B)) * std))
 
     def embedding(self) -> torch.Tensor:
-        """``[M, V.dim]`` the encoding p."""
+        """``[M, V.dim]`` the encoding p (cached while no gradient is recorded)."""
+        sources = [*self._modules["pos_embed"]._parameters.values()]
+        sources += [self._buffers[f"basis_{n}"] for n, _, _ in self._used]
+        return self.derived("embedding", sources, self.embedding_reference)
+
+    def embedding_reference(self) -> torch.Tensor:
+        """``[M, V.dim]`` the encoding p, computed afresh (one einsum per irrep)."""
         ref = self.pos_embed[0] if len(self.pos_embed) else None
         parts = [
             torch.zeros(

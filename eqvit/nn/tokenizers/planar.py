@@ -6,7 +6,9 @@ then mapped by one G-equivariant linear map ``C(U, R^c) -> V`` (eq. 7). The map 
 precomputed irrep-adapted orthonormal basis ``E^rho_{alpha j}`` of ``C(U, R)`` (the decomposition of
 U's permutation representation), so ``C(U, R^c)`` becomes an irrep-wise feature type with
 ``c * nu_rho`` copies of rho, and the learnable part is an :class:`~eqvit.nn.linear.IrrepLinear`
-(its weights are the seed's ``K^rho``).
+(its weights are the seed's ``K^rho``). The filters ``W E`` are one matmul, cached while no
+gradient is recorded (:class:`~eqvit.nn.linear.DerivedCache`), so inference embeds patches with
+one ``F.linear`` (a strided ``F.conv2d`` for square patches).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from eqvit.geometry.points import permutations_for
 from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.linear import DerivedCache, IrrepLinear
 
 
 def permutation_fourier_basis(group: FiniteGroup, perms: np.ndarray) -> tuple[list, np.ndarray]:
@@ -82,8 +84,11 @@ def patch_filter_basis(group: FiniteGroup, offsets: np.ndarray, in_chans: int) -
     return ftype, B
 
 
-class GroupPatchEmbed(ExactBuffers):
+class GroupPatchEmbed(DerivedCache, ExactBuffers):
     """``patches [B, M, in_chans * K] -> tokens [B, M, out_type.dim]`` (eq. 7).
+
+    The filters ``F = W E [out.dim, in_chans * K]`` and the bias are cached while no gradient is
+    recorded, keyed on the projection's parameters and the filter basis (:meth:`dense`).
 
     Args:
         group: G (must map ``offsets`` onto itself).
@@ -99,12 +104,26 @@ class GroupPatchEmbed(ExactBuffers):
         self.proj = IrrepLinear(self.in_type, out_type)
         self.out_type = out_type
 
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(filters [out.dim, in_chans * K], bias [out.dim] or None)``, cached while no gradient is recorded."""
+        proj = self._modules["proj"]
+
+        def compute():
+            w, b = proj.dense()
+            return w @ self._buffers["filter_basis"], b
+
+        return self.derived("filters", [*proj.leaves(), self._buffers["filter_basis"]], compute)
+
     def filters(self) -> torch.Tensor:
         """``[out.dim, in_chans * K]`` the learned filters ``F = W E`` (seed, Sec. 4.2.1)."""
-        return self.proj.weight_matrix() @ self.filter_basis
+        return self.dense()[0]
+
+    def filters_reference(self) -> torch.Tensor:
+        """``W E`` with the block-wise reference matrix (no gather, no cache)."""
+        return self.proj.weight_matrix_reference() @ self.filter_basis
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        return F.linear(patches, self.filters(), self.proj.bias_vector())
+        return F.linear(patches, *self.dense())
 
 
 class PlanarTokenizer(nn.Module):
@@ -151,8 +170,17 @@ class PlanarTokenizer(nn.Module):
         flat = x.flatten(2)[:, :, self.patch_index]  # [B, C, M, K]
         return flat.permute(0, 2, 1, 3).flatten(2)
 
+    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, *spatial] -> [B, M, V.dim]``: unfold and embed (eq. 6-7), without the class token."""
+        return self.embed(self.unfold(x))
+
+    def patch_tokens_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`patch_tokens` by the generic gather-unfold and the block-wise reference filters."""
+        flat = x.flatten(2)[:, :, self.patch_index].permute(0, 2, 1, 3).flatten(2)
+        return F.linear(flat, self.embed.filters_reference(), self.embed.proj.bias_vector())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = self.embed(self.unfold(x))
+        tokens = self.patch_tokens(x)
         if self.cls_token is None:
             return tokens
         cls = torch.zeros(tokens.shape[0], 1, tokens.shape[-1], dtype=tokens.dtype, device=tokens.device)

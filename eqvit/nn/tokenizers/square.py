@@ -1,9 +1,14 @@
-"""Square patches for D4 and its subgroups (O(2) seed, eq. 1): ``U`` = P x P pixels, ``H`` = q x q centres."""
+"""Square patches for D4 and its subgroups (O(2) seed, eq. 1): ``U`` = P x P pixels, ``H`` = q x q centres.
+
+Non-overlapping square patches make the unfold + embedding one strided convolution with the
+(cached) equivariant filters viewed as ``[V.dim, C, P, P]``: no unfolded copy of the image.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup
@@ -48,3 +53,14 @@ class SquarePatchTokenizer(PlanarTokenizer):
         B, C = x.shape[:2]
         q, P = self.img_size // self.patch_size, self.patch_size
         return x.reshape(B, C, q, P, q, P).permute(0, 2, 4, 1, 3, 5).reshape(B, q * q, C * P * P)
+
+    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, S, S] -> [B, q^2, V.dim]``: ``F.conv2d`` with the filters ``[V.dim, C, P, P]``, stride P.
+
+        The filters are flattened channel-major with pixel ``r P + c`` (:func:`square_patch_layout`),
+        so the view is exact and the output equals ``embed(unfold(x))``.
+        """
+        w, b = self.embed.dense()
+        P = self.patch_size
+        out = F.conv2d(x, w.view(w.shape[0], self.in_chans, P, P), b, stride=P)  # [B, D, q, q]
+        return out.flatten(2).transpose(1, 2)
