@@ -107,8 +107,18 @@ def _eval_row(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
     return {"step": step, **{k: v for k, v in _scalars(metrics).items() if not isinstance(v, list)}}
 
 
-def _plot_history(history: History, task: Any, baseline: dict[str, Any], path: Path, title: str) -> None:
-    """Training loss per step and the task's monitored validation metric per evaluation."""
+def _plot_history(
+    history: History,
+    task: Any,
+    baseline: dict[str, Any],
+    path: Path,
+    title: str,
+    events: list[tuple[int, str]] = (),
+) -> None:
+    """Training loss per step and the task's monitored validation metric per evaluation.
+
+    ``events``: ``(step, label)`` marked by vertical lines (the restrictions of ``model.relaxation``).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,6 +136,10 @@ def _plot_history(history: History, task: Any, baseline: dict[str, Any], path: P
     ax2.set_xlim(left=0)
     ax2.set_xlabel("step")
     ax2.set_ylabel(task.curve_label)
+    for step, label in events:
+        for ax in (ax1, ax2):
+            ax.axvline(step, color="tab:red", lw=0.8, ls=":")
+        ax2.annotate(f"-> {label}", (step, 1), xycoords=("data", "axes fraction"), fontsize=8, va="top")
     ax2.legend()
     fig.suptitle(title)
     fig.tight_layout()
@@ -537,7 +551,8 @@ class Trainer:
             writer.writeheader()
             writer.writerows(self.history.train)
         (out / "evals.json").write_text(json.dumps(self.history.evals, indent=2))
-        _plot_history(self.history, task, baseline, out / "loss_curve.png", name)
+        events = [(step, group) for (step, group), _ in zip(self.relaxations, self.relaxed)]
+        _plot_history(self.history, task, baseline, out / "loss_curve.png", name, events)
         plots = task.write_plots(final, out, name)
         if self.writer is not None:
             for key, value in _eval_row(self.step, final).items():

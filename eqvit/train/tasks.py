@@ -364,7 +364,7 @@ class ClassificationTask:
 
     baseline_name = "majority_class"
     monitor, monitor_mode = "accuracy", "max"
-    loss_label, loss_log_scale = "train loss (cross-entropy)", True
+    loss_label, loss_log_scale = "train loss (cross-entropy)", False
     curve_label = "validation accuracy"
 
     def __init__(self, cfg: DataConfig, model: nn.Module, device: torch.device) -> None:
