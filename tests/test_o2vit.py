@@ -537,7 +537,7 @@ def test_cached_weights_follow_parameter_updates():
 
 
 # ------------------------------------------------------------------------------------------------
-# cached patch filters (F = W E), square patches by one strided conv, cached APE
+# cached patch filters (F = W E), square patches by one strided conv, cached APE, six-op LayerNorm
 
 
 def _grads(out: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -629,3 +629,23 @@ def test_tokenizer_and_ape_caches_follow_updates():
         assert rel_err(model(x), old) > 1e-3
     check(model)
 
+
+def test_layer_norm_matches_reference_with_gradients_and_eps():
+    G = get_group("D4")
+    V = FeatureType(G, [2, 1, 3, 1, 2])
+    for center in (None, np.array([0, 3, 5, 9])):
+        norm = randomise_(IrrepLayerNorm(V, center=center)).double()
+        x = torch.randn(4, 3, V.dim, dtype=torch.float64, requires_grad=True)
+        x_const = torch.zeros(1, 2, V.dim, dtype=torch.float64)  # a token that centres to zero
+        x_const[..., norm.center_mask.bool()] = 0.7
+        for inp in (x + 0.5, x_const.requires_grad_()):
+            params = [inp if inp.requires_grad else x, *norm.parameters()]
+            y, y_ref = norm(inp), norm.forward_reference(inp)
+            torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-12)
+            for a, b in zip(_grads(y, params), _grads(y_ref, params)):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+        # eps is read through the cache: changing it takes effect
+        with torch.no_grad():
+            norm(x)
+            norm.eps = 0.5
+            torch.testing.assert_close(norm(x), norm.forward_reference(x), rtol=0, atol=1e-12)

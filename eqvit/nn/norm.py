@@ -4,6 +4,12 @@
 trivial-irrep channels only (and subtracted from them), the scale is the invariant norm of the
 whole token (all representation matrices are orthogonal), ``gamma`` is one scalar per irrep copy
 (it commutes with rho) and ``beta`` lives on the trivial irrep only.
+
+The forward pass is six ops: the centring statistic (a slice sum, or one GEMV for a scattered
+centre), one ``addcmul`` for the centring, then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z /
+hypot(|z|, sqrt(dim eps))`` as ``vector_norm`` + ``hypot``, and ``addcdiv(beta, gamma' z, .)`` with
+``gamma' = sqrt(dim) gamma`` (cached). ``F.layer_norm`` cannot do it in one op: it subtracts the
+mean over all channels, and the centred token ``z`` has no zero mean in general.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from eqvit.nn.buffers import ExactBuffers
@@ -38,6 +45,8 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
         mask[center] = 1.0 / max(len(center), 1)
         self.register_exact_buffer("center_weights", torch.from_numpy(mask))
         self.register_exact_buffer("center_mask", torch.from_numpy((mask > 0).astype(np.float64)))
+        # ``F.linear(x, neg_center_row)`` is minus the centre mean as ``[..., 1]`` (scattered centres).
+        self.register_exact_buffer("neg_center_row", torch.from_numpy(-mask[None]))
         # A contiguous centre (the default: the trivial irreps come first) is averaged as a slice.
         center = np.sort(center)
         contiguous = len(center) > 0 and np.array_equal(center, np.arange(center[0], center[0] + len(center)))
@@ -46,6 +55,15 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
         self.register_buffer("bias_index", torch.from_numpy(ftype.trivial_index), persistent=False)
         self.weight = nn.Parameter(torch.ones(len(ftype.copies)))
         self.bias = nn.Parameter(torch.zeros(len(ftype.trivial_index)))
+
+    @property
+    def eps(self) -> float:
+        return self._eps
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        self._eps = float(value)
+        self.clear_derived_cache()  # the cached hypot constant depends on eps
 
     def extra_repr(self) -> str:
         return f"{self.ftype}, eps={self.eps}"
@@ -59,25 +77,27 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
 
         return self.derived("affine", [self._parameters["weight"], self._parameters["bias"]], compute)
 
-    def _scaled_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`affine` with ``gamma * sqrt(dim)``: ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / sqrt(|z|^2 + dim eps)``."""
+    def _scaled_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`affine` with ``gamma * sqrt(dim)`` and the 0-d tensor ``sqrt(dim eps)``:
+        ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / hypot(|z|, sqrt(dim eps))``."""
 
         def compute():
             gamma, beta, mask = self.affine()
-            return gamma * math.sqrt(self.ftype.dim), beta, mask
+            root = beta.new_tensor(math.sqrt(self.ftype.dim * self.eps))
+            return gamma * math.sqrt(self.ftype.dim), beta, mask, root
 
         params = self._parameters
         return self.derived("scaled_affine", [params["weight"], params["bias"]], compute)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gamma, beta, mask = self._scaled_affine()
+        gamma, beta, mask, root = self._scaled_affine()
         center = self._center_slice
         if center is not None:  # sum over a slice, scaled by -1/n in the same op as the subtraction
-            x = torch.addcmul(x, x[..., center].sum(-1, keepdim=True), mask, value=-1.0 / (center.stop - center.start))
-        else:
-            x = torch.addcmul(x, (x @ self._buffers["center_weights"]).unsqueeze(-1), mask, value=-1)
-        scale = torch.linalg.vecdot(x, x).add_(self.eps * x.shape[-1]).rsqrt_().unsqueeze(-1)
-        return torch.addcmul(beta, x * scale, gamma)
+            z = torch.addcmul(x, x[..., center].sum(-1, keepdim=True), mask, value=-1.0 / (center.stop - center.start))
+        else:  # one GEMV gives minus the centre mean as [..., 1]
+            z = torch.addcmul(x, F.linear(x, self._buffers["neg_center_row"]), mask)
+        den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
+        return torch.addcdiv(beta, z * gamma, den)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         x = x - (x @ self.center_weights).unsqueeze(-1) * self.center_mask
