@@ -21,6 +21,7 @@ classification datasets in :data:`CLASSIFICATION_DATASETS` (add one with
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -297,6 +298,14 @@ def _image_input(cfg: DataConfig, model: nn.Module, default_size: int) -> tuple[
     return size, SquareToHex(size, points)
 
 
+@functools.lru_cache(maxsize=4)
+def _rotated_mnist(sample_ratio: float, seed: int, img_size: int, split_seed: int) -> dict:
+    """:func:`eqvit.data.images.rotated_mnist`, kept for the next run in this process (resume, eval)."""
+    from eqvit.data.images import rotated_mnist
+
+    return rotated_mnist(sample_ratio, seed=seed, img_size=img_size, split_seed=split_seed)
+
+
 @register_classification_dataset("rotated_mnist")
 def rotated_mnist_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
     """Rotated MNIST (:func:`eqvit.data.images.rotated_mnist`): ``data.sample_ratio`` of 4,000 training digits.
@@ -305,10 +314,8 @@ def rotated_mnist_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
     padded to the model's square grid (>= 28) or to ``data.img_size`` (default 32) then resampled
     onto a hexagonal model's grid.
     """
-    from eqvit.data.images import rotated_mnist
-
     size, transform = _image_input(cfg, model, default_size=32)
-    data = rotated_mnist(cfg.sample_ratio, seed=cfg.seed, img_size=size, split_seed=cfg.split_seed)
+    data = _rotated_mnist(cfg.sample_ratio, cfg.seed, size, cfg.split_seed)
     splits = {}
     for key, (x, y) in data.items():
         if transform is not None:
