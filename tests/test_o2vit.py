@@ -579,8 +579,8 @@ def test_patch_tokens_and_ape_match_references_with_gradients(grid, group):
 
 
 def test_tokenizer_and_ape_caches_follow_updates():
-    """The cached filters and APE are recomputed after an optimizer step, an in-place change,
-    load_state_dict, a dtype change and a replaced filter basis."""
+    """The cached filters, class token and APE are recomputed after an optimizer step, an in-place
+    change, load_state_dict, a dtype change and a replaced filter basis."""
     model = randomise_(tiny("square", "D4", drop_path_rate=0.0, attn_drop_rate=0.0, head_drop_rate=0.0)).double()
     embed, ape = model.tokenizer.embed, model.posenc
     model.eval()
@@ -591,9 +591,15 @@ def test_tokenizer_and_ape_caches_follow_updates():
                 m.tokenizer.embed.filters(), m.tokenizer.embed.filters_reference(), rtol=0, atol=1e-12
             )
             torch.testing.assert_close(m.posenc.embedding(), m.posenc.embedding_reference(), rtol=0, atol=0)
+            tok = m.tokenizer
+            cls = torch.zeros(m.embed_dim, dtype=tok.cls_token.dtype)
+            cls[tok.cls_index] = tok.cls_token
+            assert torch.equal(tok.class_token(), cls)
 
     with torch.no_grad():
-        f0, p0 = embed.filters(), ape.embedding()
+        f0, p0, c0 = embed.filters(), ape.embedding(), model.tokenizer.class_token()
+        assert model.tokenizer.class_token() is c0
+    assert model.tokenizer.class_token().requires_grad
     check(model)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -603,11 +609,13 @@ def test_tokenizer_and_ape_caches_follow_updates():
     model.eval()
     with torch.no_grad():
         assert not torch.equal(embed.filters(), f0) and not torch.equal(ape.embedding(), p0)
+        assert not torch.equal(model.tokenizer.class_token(), c0)
     check(model)
     with torch.no_grad():  # in place, without a train()/eval() switch
         f1 = embed.filters()
         embed.proj.weights[0].mul_(1.5)
         ape.pos_embed[0].mul_(1.5)
+        model.tokenizer.cls_token.mul_(1.5)
         assert embed.filters() is not f1
     check(model)
     other = randomise_(tiny("square", "D4"), seed=7).double().eval()

@@ -126,7 +126,7 @@ class GroupPatchEmbed(DerivedCache, ExactBuffers):
         return F.linear(patches, *self.dense())
 
 
-class PlanarTokenizer(nn.Module):
+class PlanarTokenizer(DerivedCache):
     """Unfold (eq. 6), equivariant patch embedding (eq. 7) and a class token in the trivial irreps (Sec. 4.5).
 
     Args:
@@ -139,6 +139,7 @@ class PlanarTokenizer(nn.Module):
         class_token: prepend one token that is non-zero only in the trivial irrep.
 
     Input ``[B, in_chans, *spatial]`` (flattened row-major to the points); output ``[B, 1 + M, V.dim]``.
+    The dense class token is cached while no gradient is recorded (:meth:`class_token`).
     """
 
     def __init__(
@@ -179,10 +180,13 @@ class PlanarTokenizer(nn.Module):
         flat = x.flatten(2)[:, :, self.patch_index].permute(0, 2, 1, 3).flatten(2)
         return F.linear(flat, self.embed.filters_reference(), self.embed.proj.bias_vector())
 
+    def class_token(self) -> torch.Tensor:
+        """``[V.dim]`` the class token, zero outside the trivial irreps (cached while no gradient is recorded)."""
+        cls = self._parameters["cls_token"]
+        return self.derived("cls", [cls], lambda: cls.new_zeros(self.out_type.dim).index_add(0, self.cls_index, cls))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.patch_tokens(x)
         if self.cls_token is None:
             return tokens
-        cls = torch.zeros(tokens.shape[0], 1, tokens.shape[-1], dtype=tokens.dtype, device=tokens.device)
-        cls = cls.index_add(-1, self.cls_index, self.cls_token.expand(tokens.shape[0], 1, -1))
-        return torch.cat([cls, tokens], dim=1)
+        return torch.cat([self.class_token().expand(tokens.shape[0], 1, -1), tokens], dim=1)
