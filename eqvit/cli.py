@@ -42,8 +42,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"parameters   {params:,} ({params / 1e6:.2f}M)")
     print(f"group        {group.name + f' (order {group.order})' if group is not None else 'none (not equivariant)'}")
     if domain is not None:
-        shape = ", ".join(str(s) for s in domain.shape)
-        print(f"input        [B, {model.in_chans}, {shape}] on {domain.name}")
+        print(f"input        {domain.describe_input(model.in_chans)}")
     print(f"output       {getattr(model, 'out_chans', '?')} channels ({getattr(model, 'output_action', 'same')})")
     for key, value in sorted(getattr(model, "config", {}).items()):
         print(f"  {key:<20} {value}")
@@ -81,6 +80,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise unknown_name_error(f"benchmark (in {folder})", args.name, scripts)
     sys.argv = [str(folder / f"{args.name}.py"), *args.bench_args]
     runpy.run_path(str(folder / f"{args.name}.py"), run_name="__main__")
+    return 0
+
+
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from eqvit.models.zoo import zoo_markdown, zoo_rows
+
+    print(zoo_markdown(zoo_rows(args.pattern)))
     return 0
 
 
@@ -122,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="registered models")
     p.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'so3vit*'")
     p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("zoo", help="markdown table of the registered models (family, group, params, input)")
+    p.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'platonic*'")
+    p.set_defaults(func=_cmd_zoo)
 
     p = sub.add_parser("train", help="train from a YAML config")
     p.add_argument("config", help="YAML experiment config, e.g. configs/o2vit_rotmnist.yaml")

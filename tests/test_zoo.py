@@ -22,3 +22,11 @@ def test_zoo_has_one_row_per_registered_model_with_its_group_and_input():
 
 def test_format_count():
     assert format_count(1234) == "1.2k" and format_count(2_500_000) == "2.50M"
+
+
+def test_cli_zoo_prints_the_table(capsys):
+    from eqvit.cli import main
+
+    assert main(["zoo", "platonic*tiny"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| model |") and len(out) == 2 + len(eqvit.list_models("platonic*tiny"))
