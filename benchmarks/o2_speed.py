@@ -11,7 +11,9 @@ mlp_ratio=2.0)``).
 The models run interleaved (every repeat times each model once, in turn) so that load from other
 jobs on a shared machine hits all of them alike; medians are reported with the load average.
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add; matmuls,
-convolutions and attention; elementwise ops are not counted). Writes JSON and prints a table.
+convolutions and attention; elementwise ops are not counted) for a steady-state inference forward
+(dense weights, patch filters and APE cached, as in the timed loop) and, separately, for the first
+forward after the caches are cleared (which also builds them). Writes JSON and prints a table.
 
 Usage: ``python benchmarks/o2_speed.py [--batches 1 16] [--threads 1 2] [--widths 48]``.
 """
@@ -69,10 +71,17 @@ def describe(name: str, model: torch.nn.Module) -> dict:
     }
 
 
-def flops(model: torch.nn.Module, x: torch.Tensor) -> int:
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(x)
-    return int(counter.get_total_flops())
+def flops(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """``(steady-state FLOPs, FLOPs of a forward that first rebuilds every derived-weight cache)``."""
+    for module in model.modules():
+        if hasattr(module, "clear_derived_cache"):
+            module.clear_derived_cache()
+    counts = []
+    for _ in range(2):  # cold (builds the caches), then warm
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x)
+        counts.append(int(counter.get_total_flops()))
+    return counts[1], counts[0]
 
 
 def interleaved_times(models: dict[str, torch.nn.Module], x: torch.Tensor, repeats: int) -> dict[str, list[float]]:
@@ -114,7 +123,9 @@ def main() -> None:
         for batch in args.batches:
             x = torch.randn(batch, 3, 256, 256)
             torch.set_num_threads(1)
-            gflops = {name: flops(m, x) / 1e9 for name, m in models.items()}
+            counted = {name: flops(m, x) for name, m in models.items()}
+            gflops = {name: c[0] / 1e9 for name, c in counted.items()}
+            gflops_uncached = {name: c[1] / 1e9 for name, c in counted.items()}
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 repeats = args.repeats or (60 if batch == 1 else 15)
@@ -138,6 +149,7 @@ def main() -> None:
                             "ratio_to_timm": med[name] / med["timm_vit"],
                             "ratio_to_timm_per_round_median": per_round[name],
                             "gflops": gflops[name],
+                            "gflops_first_forward_uncached": gflops_uncached[name],
                             "params": params[name],
                             **shapes[name],
                         }
@@ -162,7 +174,10 @@ def main() -> None:
         "machine": platform.machine(),
         "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
-        "note": "interleaved timing; ratio = median o2vit time / median timm time; FLOPs = 2 x multiply-adds",
+        "note": (
+            "interleaved timing; ratio = median o2vit time / median timm time; FLOPs = 2 x multiply-adds of a "
+            "steady-state forward (gflops_first_forward_uncached: the forward that builds the cached weights)"
+        ),
     }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
