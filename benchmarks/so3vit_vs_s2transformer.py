@@ -60,9 +60,12 @@ NOROPE = "[posenc=none]"  # suffix of the candidate's variant without SO(3)-RoPE
 
 
 def build(spec: str) -> torch.nn.Module:
-    """A registered model name, optionally with the ``[posenc=none]`` suffix."""
+    """A registered model name, optionally with the ``[posenc=none]`` suffix or JSON kwargs ``name{...}``."""
     from eqvit import models
 
+    if "{" in spec:
+        name, kwargs = spec.split("{", 1)
+        return models.create_model(name, **json.loads("{" + kwargs))
     if spec.endswith(NOROPE):
         return models.create_model(spec[: -len(NOROPE)], posenc="none")
     return models.create_model(spec)

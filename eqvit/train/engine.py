@@ -513,9 +513,10 @@ class Trainer:
         return self.done
 
     def finish(self) -> dict[str, Any]:
-        """Final evaluation, checkpoint and reports; returns the summary."""
+        """Final evaluation, checkpoint and reports; returns the summary (the full evaluation, with
+        non-scalar results such as the error map, stays in ``self.final_evaluation``)."""
         self.bar.close()
-        final = self.evaluate()
+        final = self.final_evaluation = self.evaluate()
         if not self.history.evals or self.history.evals[-1]["step"] != self.step:
             self.history.evals.append(_eval_row(self.step, final))
         task, monitor = self.task, self.task.monitor
