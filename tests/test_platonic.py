@@ -341,3 +341,23 @@ def test_sphere_model_with_latitude_encoding_keeps_the_rotations_about_z():
     assert_equivariant(model, batch_size=1)
     with pytest.raises(EquivarianceError):
         assert_equivariant(model, "I", batch_size=1)
+
+
+@pytest.mark.parametrize("impl", ["cayley", "fourier"])
+def test_group_conv_weights_are_cached_without_grad_and_refreshed_after_a_step(impl):
+    layer = GroupConvLinear(get_group("O"), 4, 4, impl=impl)
+    x = torch.randn(3, 24 * 4)
+    build = layer.dense_weight if impl == "cayley" else layer.fourier_kernels
+    with torch.no_grad():
+        first, again = build(), build()
+    assert first is again  # cached while no gradient is recorded
+    y = layer(x)  # with grad: recomputed, so gradients reach the kernel
+    y.sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+    torch.optim.SGD(layer.parameters(), lr=0.1).step()
+    with torch.no_grad():
+        after = build()
+        fresh = layer._gather_dense_weight() if impl == "cayley" else layer._fourier_kernels()
+    assert after is not first
+    for a, b in zip(after if isinstance(after, list) else [after], fresh if isinstance(fresh, list) else [fresh]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

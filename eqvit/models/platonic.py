@@ -214,7 +214,7 @@ def build_platonic(
         rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
         model = PointCloudViT(
             tokenizer=LiftedPointEmbed(frames, in_chans, channels),
-            head=InvariantPoolHead(frames.order, channels, num_classes or 10, drop_rate),
+            head=InvariantPoolHead(frames, channels, num_classes or 10, drop=drop_rate),
             posenc=FrameRoPE(frames, heads, channels // heads, **rope_args),
             domain=PointCloudDomain(3, num_points),
             out_chans=num_classes or 10,
@@ -227,7 +227,7 @@ def build_platonic(
         rope_args.update(min_wavelength=min_wavelength or 2.0, max_wavelength=max_wavelength or 4.0 * side)
         model = EquivariantViT(
             tokenizer=tokenizer,
-            head=InvariantPoolHead(frames.order, channels, num_classes or 10, drop_rate),
+            head=InvariantPoolHead(frames, channels, num_classes or 10, drop=drop_rate),
             posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
             domain=PointDomain(
                 square_grid(img_size, img_size),

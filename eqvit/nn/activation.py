@@ -164,7 +164,9 @@ class FourierActivation(ExactBuffers):
                 ins.append((blocks @ wi).flatten(0, 1))
                 outs.append(torch.einsum("dni,nxi->dnx", wo, blocks).flatten(1))
                 if b_in is not None:
-                    bs.append(torch.einsum("ni,nxi->nx", b_in[start:stop].unflatten(0, (count, size)), blocks).flatten())
+                    bs.append(
+                        torch.einsum("ni,nxi->nx", b_in[start:stop].unflatten(0, (count, size)), blocks).flatten()
+                    )
             start = stop
 
         def cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:

@@ -1,6 +1,9 @@
-"""Geometry-derived buffers kept exact under dtype changes."""
+"""Derived tensors: geometry buffers kept exact under dtype changes, parameter-derived caches."""
 
 from __future__ import annotations
+
+import operator
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -43,3 +46,51 @@ class ExactBuffers(nn.Module):
         finally:
             object.__setattr__(self, "_in_apply", False)
         return self
+
+
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+class DerivedCache(nn.Module):
+    """Caches tensors derived from parameters (dense weights) while no gradient is recorded.
+
+    ``derived(name, sources, compute)`` recomputes whenever autograd could need the graph (grad
+    mode on and a source requires grad). Otherwise the value is reused while every source tensor is
+    the same storage at the same in-place version (``_version`` counts ``optimizer.step()``,
+    ``copy_``, ``load_state_dict``, ...) in the same inference mode; the sources are read afresh on
+    every call (a replaced parameter is noticed) and kept alive with the entry (their addresses are
+    not reused). Composite modules pass their children's parameters (:meth:`IrrepLinear.leaves`).
+    ``train()``/``eval()`` and ``.to()``/``.double()`` clear the cache.
+    """
+
+    def derived(self, name: str, sources: list[torch.Tensor | None], compute: Callable[[], object]) -> object:
+        sources = [t for t in sources if t is not None]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
+            return compute()
+        key = (torch.is_inference_mode_enabled(), list(map(_VERSION, sources)), list(map(_DATA_PTR, sources)))
+        cache = self.__dict__.get("_derived_cache")
+        if cache is None:
+            cache = self.__dict__["_derived_cache"] = {}
+        hit = cache.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = compute()
+        cache[name] = (key, value, sources)
+        return value
+
+    def clear_derived_cache(self) -> None:
+        self.__dict__.pop("_derived_cache", None)
+
+    def train(self, mode: bool = True):
+        self.clear_derived_cache()
+        return super().train(mode)
+
+    def _apply(self, fn, recurse: bool = True):
+        self.clear_derived_cache()
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())  # deepcopy / pickle: the cache is not copied
+        state.pop("_derived_cache", None)
+        return state

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import DerivedCache, IrrepLinear
+from eqvit.nn.linear import IrrepLinear
 
 ATTENTION_LAYOUTS = ("coupled", "irrepwise")
 

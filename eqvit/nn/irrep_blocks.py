@@ -10,10 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.nn.activation import FourierActivation
+from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import DropPath
-from eqvit.nn.linear import DerivedCache, IrrepLinear
+from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 
 

@@ -21,9 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.buffers import DerivedCache, ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import DerivedCache
 
 
 class IrrepLayerNorm(DerivedCache, ExactBuffers):

@@ -165,16 +165,37 @@ class FramePool(nn.Module):
 
 
 class InvariantPoolHead(nn.Module):
-    """Classification readout: mean over tokens and frames ``[B, N, |G| C] -> [B, C]``, then a linear."""
+    """Classification readout: tokens mean, then a nonlinear pooling over frames, then a linear.
 
-    def __init__(self, group_order: int, channels: int, num_classes: int, drop: float = 0.0) -> None:
+    ``[B, N, |G| C] -> mean over tokens [B, |G| C] -> GroupConvLinear(C -> K) -> GELU -> mean over
+    frames [B, K] -> Linear(K -> classes)``. Averaging the frames directly would keep only the
+    trivial-irrep part of the features, C numbers that the group convolutions can only fill through
+    the blocks' nonlinearities (and C is small for large groups at a fixed width |G| C); the GELU
+    between the group convolution and the frame average reads K invariants from every irrep.
+
+    Args:
+        group: the frames G.
+        channels: C per frame.
+        num_classes: logits.
+        hidden: K invariant features (default: the total width ``|G| C``).
+        drop: dropout before the classifier.
+    """
+
+    def __init__(
+        self, group: FiniteGroup, channels: int, num_classes: int, hidden: int | None = None, drop: float = 0.0
+    ) -> None:
         super().__init__()
-        self.pool = FramePool(group_order)
+        hidden = hidden or group.order * channels
+        self.lift = GroupConvLinear(group, channels, hidden, impl="cayley")
+        # Fan-in init: the input is LayerNorm-ed, so pre-activations are O(1) and the GELU is nonlinear.
+        nn.init.normal_(self.lift.weight, std=(group.order * channels) ** -0.5)
+        self.act = nn.GELU()
+        self.pool = FramePool(group.order)
         self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(channels, num_classes)
+        self.fc = nn.Linear(hidden, num_classes)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.drop(self.pool(tokens.mean(1))))
+        return self.fc(self.drop(self.pool(self.act(self.lift(tokens.mean(1))))))
 
 
 class FramePoolDense(nn.Module):

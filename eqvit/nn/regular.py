@@ -20,9 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.groups import FiniteGroup
-from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.buffers import DerivedCache, ExactBuffers
 
 IMPLEMENTATIONS = ("auto", "cayley", "fourier")
+# impl="auto" takes the Fourier form below this multiply-add ratio (T, O, I at 1024 tokens: below
+# ~0.21 Fourier always won in inference, above ~0.3 the dense GEMM did; benchmarks/platonic_speed.py).
+FOURIER_COST_RATIO = 0.25
 
 
 def frame_action(group: FiniteGroup, g: int, x: torch.Tensor) -> torch.Tensor:
@@ -75,7 +78,7 @@ def _fourier_matrices(group: FiniteGroup) -> tuple[np.ndarray, np.ndarray, list[
     return transform, np.linalg.pinv(transform), [rho.dim for rho in group.irreps]
 
 
-class GroupConvLinear(ExactBuffers):
+class GroupConvLinear(DerivedCache, ExactBuffers):
     """Equivariant linear map on regular features: a group convolution over the frames.
 
     ``y(R) = sum_h W(h) f(R h) + b``, i.e. ``[W]_{R, R'} = W(R^-1 R')`` (seed eq. for Phi), with a
@@ -86,8 +89,10 @@ class GroupConvLinear(ExactBuffers):
     - ``"fourier"``: transform the frame axis with the irreps, apply ``W_hat(rho) = sum_h rho(h) x W(h)``
       per irrep (``sum dim^3`` instead of ``|G|^2`` multiply-adds per channel pair), transform back.
 
-    ``"auto"`` picks the Fourier form when it needs under a third of the dense form's multiply-adds
-    (the dense GEMM runs closer to peak; see ``benchmarks/platonic_speed.py``).
+    ``"auto"`` picks the Fourier form when it needs under a quarter of the dense form's
+    multiply-adds (the dense GEMM runs closer to peak; the threshold is calibrated by
+    ``benchmarks/platonic_speed.py``). Either form's weights (the gathered matrix, the per-irrep
+    kernels) are cached while no gradient is recorded, until a parameter changes.
 
     Args:
         group: the frames G.
@@ -119,7 +124,7 @@ class GroupConvLinear(ExactBuffers):
         irrep_entries = np.concatenate([rho.matrices.reshape(G, -1) for rho in group.irreps], axis=1)
         self.register_exact_buffer("irrep_matrices", torch.from_numpy(irrep_entries))
         if impl == "auto":
-            impl = "fourier" if self.fourier_cost() < self.cayley_cost() / 3 else "cayley"
+            impl = "fourier" if self.fourier_cost() < FOURIER_COST_RATIO * self.cayley_cost() else "cayley"
         self.impl = impl
         nn.init.trunc_normal_(self.weight, std=0.02)
 
@@ -141,11 +146,32 @@ class GroupConvLinear(ExactBuffers):
 
     def dense_weight(self) -> torch.Tensor:
         """The equivariant ``[|G| C_out, |G| C_in]`` matrix: block (r, s) is ``W(R_r^-1 R_s)``."""
+        return self.derived("dense", [self.weight], self._gather_dense_weight)
+
+    def _gather_dense_weight(self) -> torch.Tensor:
         G, O, I = self.order, self.out_channels, self.in_channels
         return self.weight[self.kernel_index].permute(0, 2, 1, 3).reshape(G * O, G * I)
 
     def dense_bias(self) -> torch.Tensor | None:
-        return None if self.bias is None else self.bias.repeat(self.order)
+        return None if self.bias is None else self.derived("bias", [self.bias], lambda: self.bias.repeat(self.order))
+
+    def fourier_kernels(self) -> list[torch.Tensor]:
+        """Per irrep rho, ``W_hat(rho)^T [d C_in, d C_out]``.
+
+        ``W_hat[(b', o), (b, i)] = sum_h rho(h)[b', b] W(h)[o, i]``.
+        """
+        return self.derived("fourier", [self.weight], self._fourier_kernels)
+
+    def _fourier_kernels(self) -> list[torch.Tensor]:
+        O, I = self.out_channels, self.in_channels
+        # All irreps in one GEMM: [K, G] @ [G, O I], K = sum d^2 entries (b', b) of the irreps.
+        w_hat = torch.einsum("hk,hoi->koi", self.irrep_matrices, self.weight)
+        kernels, row = [], 0
+        for d in self.irrep_dims:
+            block = w_hat[row : row + d * d].reshape(d, d, O, I).permute(1, 3, 0, 2)  # [b, i, b', o]
+            kernels.append(block.reshape(d * I, d * O))
+            row += d * d
+        return kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.order * self.in_channels:
@@ -158,17 +184,12 @@ class GroupConvLinear(ExactBuffers):
         """The Fourier-domain form: ``f_hat(rho) = sum_g f(g) rho(g)``, ``y_hat = f_hat W_hat``, back."""
         G, O, I = self.order, self.out_channels, self.in_channels
         lead = x.shape[:-1]
-        x = x.reshape(-1, G, I)
-        x_hat = torch.matmul(self.fourier, x)  # [M, K, C_in]
-        mats = self.irrep_matrices
-        outputs, row, col = [], 0, 0
-        for d in self.irrep_dims:
-            rho = mats[:, col : col + d * d].reshape(G, d, d)
-            # W_hat[(b', o), (b, i)] = sum_h rho(h)[b', b] W(h)[o, i]
-            w_hat = torch.einsum("hpb,hoi->pobi", rho, self.weight).reshape(d * O, d * I)
+        x_hat = torch.matmul(self.fourier, x.reshape(-1, G, I))  # [M, K, C_in]
+        outputs, row = [], 0
+        for d, kernel in zip(self.irrep_dims, self.fourier_kernels()):
             block = x_hat[:, row : row + d * d].reshape(-1, d, d * I)  # [M, a, (b, i)]
-            outputs.append((block @ w_hat.T).reshape(-1, d * d, O))
-            row, col = row + d * d, col + d * d
+            outputs.append((block @ kernel).reshape(-1, d * d, O))
+            row += d * d
         y = torch.matmul(self.inverse_fourier, torch.cat(outputs, dim=1))  # [M, G, C_out]
         if self.bias is not None:
             y = y + self.bias

@@ -3,7 +3,7 @@
 ``PosEnc(x) = x + p`` is equivariant iff ``rho(g) p_rho(g^-1 . a) = p_rho(a)`` for every irrep. A basis
 of the invariant subspace of ``R^H (x) V_rho`` (the fixed space of ``P_H(g) (x) rho(g)``) is
 precomputed; each channel of ``p_rho`` is a learned combination of it. The encoding ``p`` is cached
-while no gradient is recorded (:class:`~eqvit.nn.linear.DerivedCache`).
+while no gradient is recorded (:class:`~eqvit.nn.buffers.DerivedCache`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import torch
 from torch import nn
 
 from eqvit.geometry.points import permutations_for
-from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.buffers import DerivedCache, ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import DerivedCache
 from eqvit.nn.posenc.base import PositionalScheme
 
 

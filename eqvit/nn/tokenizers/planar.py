@@ -7,7 +7,7 @@ precomputed irrep-adapted orthonormal basis ``E^rho_{alpha j}`` of ``C(U, R)`` (
 U's permutation representation), so ``C(U, R^c)`` becomes an irrep-wise feature type with
 ``c * nu_rho`` copies of rho, and the learnable part is an :class:`~eqvit.nn.linear.IrrepLinear`
 (its weights are the seed's ``K^rho``). The filters ``W E`` are one matmul, cached while no
-gradient is recorded (:class:`~eqvit.nn.linear.DerivedCache`), so inference embeds patches with
+gradient is recorded (:class:`~eqvit.nn.buffers.DerivedCache`), so inference embeds patches with
 one ``F.linear`` (a strided ``F.conv2d`` for square patches).
 """
 
@@ -20,9 +20,9 @@ from torch import nn
 
 from eqvit.geometry.points import permutations_for
 from eqvit.groups import FiniteGroup
-from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.buffers import DerivedCache, ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import DerivedCache, IrrepLinear
+from eqvit.nn.linear import IrrepLinear
 
 
 def permutation_fourier_basis(group: FiniteGroup, perms: np.ndarray) -> tuple[list, np.ndarray]:
