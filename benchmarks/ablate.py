@@ -462,7 +462,7 @@ def run_images(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
     datasets = ["rotated_mnist"] + (["folder"] if args.image_folder else [])
     ratios = [0.1] if args.quick else [0.1, 1.0]
     seeds = args.seeds[:1] if args.quick else args.seeds
-    depth, epochs = (2, 3) if args.quick else (6, 30)
+    depth, epochs = (2, 15) if args.quick else (6, 30)
     for dataset in datasets:
         num_classes = (
             10 if dataset == "rotated_mnist" else len({p.name for p in Path(args.image_folder).iterdir() if p.is_dir()})
