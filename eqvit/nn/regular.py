@@ -23,9 +23,10 @@ from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import DerivedCache, ExactBuffers
 
 IMPLEMENTATIONS = ("auto", "cayley", "fourier")
-# impl="auto" takes the Fourier form below this multiply-add ratio (T, O, I at 1024 tokens: below
-# ~0.21 Fourier always won in inference, above ~0.3 the dense GEMM did; benchmarks/platonic_speed.py).
-FOURIER_COST_RATIO = 0.25
+# impl="auto" takes the Fourier form below this multiply-add ratio. Measured (T, O, I at 1024 tokens,
+# benchmarks/platonic_speed.py): below ~0.21 the Fourier form always won in inference; at 0.24
+# (D4 at 64 tokens, O at C = 16) its per-irrep calls made it slower than the dense GEMM.
+FOURIER_COST_RATIO = 0.2
 
 
 def frame_action(group: FiniteGroup, g: int, x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +90,7 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
     - ``"fourier"``: transform the frame axis with the irreps, apply ``W_hat(rho) = sum_h rho(h) x W(h)``
       per irrep (``sum dim^3`` instead of ``|G|^2`` multiply-adds per channel pair), transform back.
 
-    ``"auto"`` picks the Fourier form when it needs under a quarter of the dense form's
+    ``"auto"`` picks the Fourier form when it needs under a fifth of the dense form's
     multiply-adds (the dense GEMM runs closer to peak; the threshold is calibrated by
     ``benchmarks/platonic_speed.py``). Either form's weights (the gathered matrix, the per-irrep
     kernels) are cached while no gradient is recorded, until a parameter changes.
