@@ -15,7 +15,13 @@ convolutions and attention; elementwise ops are not counted) for a steady-state 
 (dense weights, patch filters and APE cached, as in the timed loop) and, separately, for the first
 forward after the caches are cleared (which also builds them). Writes JSON and prints a table.
 
-Usage: ``python benchmarks/o2_speed.py [--batches 1 16] [--threads 1 2] [--widths 48]``.
+Runs on CUDA when present (``--device`` chooses; ``--amp`` for bf16 autocast). On CUDA the timed
+forwards are measured with CUDA events, each row also gives the peak memory of one forward
+(``torch.cuda.max_memory_allocated``), and ``meta.flash`` records the flash-attention check of
+``benchmarks/_device.py`` (SDPA with only flash on the models' attention shapes, one forward of each
+model with only flash); models that pass are timed with flash pinned, so flash is the backend used.
+
+Usage: ``python benchmarks/o2_speed.py [--batches 1 16] [--threads 1 2] [--widths 48] [--device cuda --amp]``.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import json
 import os
 import platform
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import timm
@@ -33,6 +39,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _device, also when run through `eqvit bench`
+
+import _device
 
 MODELS = ("o2vit_D4_coupled", "o2vit_D4_irrepwise", "timm_vit")
 
@@ -84,29 +94,62 @@ def flops(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
     return counts[1], counts[0]
 
 
-def interleaved_times(models: dict[str, torch.nn.Module], x: torch.Tensor, repeats: int) -> dict[str, list[float]]:
+def interleaved_times(
+    models: dict[str, torch.nn.Module],
+    x: torch.Tensor,
+    repeats: int,
+    device: torch.device | None = None,
+    amp: bool = False,
+    flash: dict[str, dict] | None = None,
+) -> dict[str, list[float]]:
+    """Seconds per forward, interleaved; on CUDA timed with CUDA events, under bf16 autocast with ``amp``
+    and with flash pinned for the models whose ``flash`` check passed."""
+    device = device if device is not None else x.device
+    flash = flash or {}
     times = {name: [] for name in models}
+
+    def forward(name: str) -> None:
+        with _device.autocast(device, amp), _device.sdpa_context(device, flash.get(name)):
+            models[name](x)
+
     with torch.no_grad():
-        for model in models.values():  # warm-up (builds the cached dense weights)
-            model(x)
-            model(x)
+        for name in models:  # warm-up (builds the cached dense weights)
+            forward(name)
+            forward(name)
         for _ in range(repeats):
-            for name, model in models.items():
-                start = time.perf_counter()
-                model(x)
-                times[name].append(time.perf_counter() - start)
+            for name in models:
+                times[name].append(_device.time_ms(lambda name=name: forward(name), device) / 1e3)
     return times
+
+
+def forward_peak_mb(
+    model: torch.nn.Module, x: torch.Tensor, device: torch.device, amp: bool, flash: dict | None
+) -> float:
+    """Peak CUDA memory (``torch.cuda.max_memory_allocated``, MiB) of one ``no_grad`` forward."""
+    _device.reset_peak_memory(device)
+    with torch.no_grad(), _device.autocast(device, amp), _device.sdpa_context(device, flash):
+        model(x)
+    return _device.peak_memory_mb(device)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--threads", type=int, nargs="+", default=None, help="default: 1 2 on the CPU, 1 on CUDA")
     parser.add_argument("--widths", type=int, nargs="+", default=[48])
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default: 60 at batch 1, 15 above)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast for the timed forwards")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "o2_speed.json"))
     args = parser.parse_args()
+    device = _device.pick_device(args.device)
+    if args.threads is None:
+        args.threads = [1, 2] if device.type == "cpu" else [1]
     torch.manual_seed(0)
+    flash_shapes = _device.flash_sdpa_check(device)
+    flash_models: dict[str, dict] = {}
+    if device.type == "cuda":
+        print(f"flash SDPA on the models' attention shapes: {flash_shapes['flash']}")
     rows = []
     header = (
         f"{'D':>4} {'B':>3} {'thr':>3} | {'model':<19} {'fwd ms':>9} {'ratio':>6} {'GFLOP':>7} {'params':>8} | load"
@@ -114,14 +157,21 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for width in args.widths:
-        models = {name: build(name, width) for name in MODELS}
+        models = {name: build(name, width).to(device) for name in MODELS}
         shapes = {name: describe(name, m) for name, m in models.items()}
         for key in ("width", "tokens", "depth", "mlp_hidden"):
             if len({s[key] for s in shapes.values()}) != 1:
                 raise RuntimeError(f"models differ in {key}: {shapes}")
         params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+        flash = {}
+        if device.type == "cuda":
+            x1 = torch.randn(1, 3, 256, 256, device=device)
+            flash = {name: _device.flash_model_check(m, x1, device, args.amp) for name, m in models.items()}
+            for name, check in flash.items():
+                print(f"flash check D={width} {name}: {check['flash']}")
+            flash_models.update({f"{name} D={width}": check for name, check in flash.items()})
         for batch in args.batches:
-            x = torch.randn(batch, 3, 256, 256)
+            x = torch.randn(batch, 3, 256, 256).to(device)
             torch.set_num_threads(1)
             counted = {name: flops(m, x) for name, m in models.items()}
             gflops = {name: c[0] / 1e9 for name, c in counted.items()}
@@ -130,7 +180,7 @@ def main() -> None:
                 torch.set_num_threads(threads)
                 repeats = args.repeats or (60 if batch == 1 else 15)
                 load_before = os.getloadavg()
-                times = interleaved_times(models, x, repeats)
+                times = interleaved_times(models, x, repeats, device, args.amp, flash)
                 load_after = os.getloadavg()
                 med = {name: statistics.median(t) for name, t in times.items()}
                 per_round = {
@@ -156,6 +206,12 @@ def main() -> None:
                         for name in MODELS
                     },
                 }
+                if device.type == "cuda":
+                    for name in MODELS:
+                        row["models"][name]["sdpa_backend"] = _device.backend_used(flash.get(name))
+                        row["models"][name]["forward_peak_mb"] = forward_peak_mb(
+                            models[name], x, device, args.amp, flash.get(name)
+                        )
                 rows.append(row)
                 for name in MODELS:
                     r = row["models"][name]
@@ -167,8 +223,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
-        "device": "cpu",
-        "dtype": "float32",
+        **_device.device_info(device),
+        "dtype": _device.amp_dtype(args.amp),
         "torch": torch.__version__,
         "timm": timm.__version__,
         "machine": platform.machine(),
@@ -179,6 +235,9 @@ def main() -> None:
             "steady-state forward (gflops_first_forward_uncached: the forward that builds the cached weights)"
         ),
     }
+    if device.type == "cuda":
+        meta["timing"] = "CUDA events; forward_peak_mb = torch.cuda.max_memory_allocated of one forward"
+    meta["flash"] = {"sdpa_shapes": flash_shapes, "models": flash_models or {"device": device.type, "flash": "n/a"}}
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
 

@@ -24,6 +24,13 @@ average (``os.getloadavg``) before and after. FLOPs come from ``FlopCounterMode`
 explicit-softmax attention path (the CPU SDPA kernel is not counted by it), parameters from
 ``model.parameters()``.
 
+On CUDA (the default when present; ``--device`` chooses, ``--amp`` adds bf16 autocast to the model
+forwards) the forwards are timed with CUDA events, each row also gives the peak memory of one forward
+(``torch.cuda.max_memory_allocated``) and the SDPA backend, and ``meta.flash`` records the
+flash-attention check of ``benchmarks/_device.py``: SDPA with only the flash backend on the models'
+attention shapes, and one forward of every model with only flash; models that pass are timed with
+flash pinned, so flash is the backend used.
+
 A second table times :class:`~eqvit.nn.regular.GroupConvLinear` with ``impl="cayley"`` against
 ``impl="fourier"`` (same weights; forward under ``no_grad`` and forward + backward) for T, O, I at
 C = 4 ... 64 channels per frame on 1024 tokens, next to the cost model's ratio
@@ -34,6 +41,7 @@ Usage::
     python benchmarks/platonic_speed.py                 # full run, one thread
     python benchmarks/platonic_speed.py --quick         # CI-sized
     python benchmarks/platonic_speed.py --threads 2 --repeats 15
+    python benchmarks/platonic_speed.py --device cuda --amp
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +68,10 @@ import eqvit
 from eqvit.models.platonic import spatial_frames
 from eqvit.nn.regular import GroupConvLinear
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _device, also when run through `eqvit bench`
+
+import _device
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "platonic_speed.json"
 TARGET_RATIO = 1.15
@@ -211,31 +224,68 @@ def flops(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
     return int(counter.get_total_flops())
 
 
-def interleaved(fns: list[Callable[[], Any]], repeats: int, warmup: int = 1) -> list[list[float]]:
-    """Time each function ``repeats`` times, alternating between them (order rotated every round)."""
+def interleaved(
+    fns: list[Callable[[], Any]], repeats: int, warmup: int = 1, device: torch.device | None = None
+) -> list[list[float]]:
+    """Seconds of each function ``repeats`` times, alternating between them (order rotated every round).
+
+    On CUDA each call is timed with CUDA events (after a synchronize), on the CPU with ``perf_counter``.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
     for fn in fns:
         for _ in range(warmup):
             fn()
+    _device.sync(device)
     times: list[list[float]] = [[] for _ in fns]
     for r in range(repeats):
         order = list(range(len(fns)))
         if r % 2:
             order.reverse()
         for i in order:
-            start = time.perf_counter()
-            fns[i]()
-            times[i].append(time.perf_counter() - start)
+            times[i].append(_device.time_ms(fns[i], device) / 1e3)
     return times
+
+
+# Set by main(): the device, bf16 autocast for the model forwards, and the flash checks of the models.
+DEVICE = torch.device("cpu")
+AMP = False
+FLASH_CHECKS: dict[str, dict[str, Any]] = {}
+
+
+def _on_device(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return model.to(DEVICE), tuple(t.to(DEVICE) for t in inputs)
+
+
+def forward_peak_mb(fn: Callable[[], Any]) -> float | None:
+    """``torch.cuda.max_memory_allocated`` (MiB) of one call on CUDA; ``None`` on the CPU."""
+    if DEVICE.type != "cuda":
+        return None
+    _device.reset_peak_memory(DEVICE)
+    fn()
+    return _device.peak_memory_mb(DEVICE)
 
 
 def compare(
     name: str, ours: nn.Module, ref: nn.Module, inputs: tuple[torch.Tensor, ...], batch: int, repeats: int
 ) -> dict[str, Any]:
-    ours.eval()
-    ref.eval()
+    ours, inputs = _on_device(ours.eval(), inputs)
+    ref = ref.to(DEVICE).eval()
+    checks = {}
+    if DEVICE.type == "cuda":
+        checks = {who: _device.flash_model_check(m, inputs, DEVICE, AMP) for who, m in (("ours", ours), ("timm", ref))}
+        FLASH_CHECKS.update({f"{name} b={batch} {who}": c for who, c in checks.items()})
+
+    def run(who: str, model: nn.Module) -> Callable[[], Any]:
+        def fn() -> None:
+            with _device.autocast(DEVICE, AMP), _device.sdpa_context(DEVICE, checks.get(who)):
+                model(*inputs)
+
+        return fn
+
     load_before = os.getloadavg()[0]
     with torch.no_grad():
-        t_ours, t_ref = interleaved([lambda: ours(*inputs), lambda: ref(*inputs)], repeats)
+        t_ours, t_ref = interleaved([run("ours", ours), run("timm", ref)], repeats, device=DEVICE)
+        peak = {who: forward_peak_mb(run(who, m)) for who, m in (("ours", ours), ("timm", ref))}
     load_after = os.getloadavg()[0]
     G, H, D = total_heads(ours)
     impls = sorted({m.impl for m in ours.modules() if isinstance(m, GroupConvLinear)})
@@ -261,6 +311,13 @@ def compare(
         "repeats": repeats,
         "loadavg": [round(load_before, 2), round(load_after, 2)],
     }
+    if DEVICE.type == "cuda":
+        row.update(
+            ours_forward_peak_mb=peak["ours"],
+            timm_forward_peak_mb=peak["timm"],
+            ours_sdpa_backend=_device.backend_used(checks.get("ours")),
+            timm_sdpa_backend=_device.backend_used(checks.get("timm")),
+        )
     print(
         f"{name:28s} b={batch:<3d} |G|={G:<2d} tok={row['tokens']:<4d} heads={G * H}x{D:<3d} "
         f"ours {row['ours_s'] * 1e3:8.1f} ms  timm {row['timm_s'] * 1e3:8.1f} ms  ratio {row['ratio_median']:.2f}  "
@@ -286,12 +343,15 @@ def linear_micro(groups: list[str], channels: list[int], tokens: int, repeats: i
             cay = GroupConvLinear(group, c, c, impl="cayley")
             fou = GroupConvLinear(group, c, c, impl="fourier")
             fou.load_state_dict(cay.state_dict())
-            x = torch.randn(tokens, group.order * c)
+            cay, fou = cay.to(DEVICE), fou.to(DEVICE)
+            x = torch.randn(tokens, group.order * c).to(DEVICE)
             with torch.no_grad():
                 err = (cay(x) - fou(x)).abs().max().item() / cay(x).abs().max().item()
-                fwd = interleaved([lambda m=cay, x=x: m(x), lambda m=fou, x=x: m(x)], repeats)
+                fwd = interleaved([lambda m=cay, x=x: m(x), lambda m=fou, x=x: m(x)], repeats, device=DEVICE)
             xg = x.clone().requires_grad_(True)
-            bwd = interleaved([lambda m=cay, x=xg: train_step(m, x), lambda m=fou, x=xg: train_step(m, x)], repeats)
+            bwd = interleaved(
+                [lambda m=cay, x=xg: train_step(m, x), lambda m=fou, x=xg: train_step(m, x)], repeats, device=DEVICE
+            )
             row = {
                 "group": name,
                 "order": group.order,
@@ -364,8 +424,15 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["points", "images", "sphere", "micro"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="CI-sized: batch 1, 3 repeats, small micro table")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast for the model forwards (micro: float32)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args()
+    global DEVICE, AMP
+    DEVICE, AMP = _device.pick_device(args.device), args.amp
+    flash_shapes = _device.flash_sdpa_check(DEVICE)
+    if DEVICE.type == "cuda":
+        print(f"flash SDPA on the models' attention shapes: {flash_shapes['flash']}", flush=True)
     if args.quick:
         args.batches, args.repeats, args.big_repeats, args.points = [1], 3, 2, 64
         args.point_groups, args.image_groups = ["trivial", "O"], ["D4"]
@@ -399,9 +466,9 @@ def main() -> None:
                 f"current 1/3: {v['current_wrong']} wrong picks"
             )
     meta = {
-        "device": "cpu",
+        **_device.device_info(DEVICE),
         "threads": args.threads,
-        "dtype": "float32",
+        "dtype": _device.amp_dtype(args.amp),
         "torch": torch.__version__,
         "timm": timm.__version__,
         "machine": platform.machine(),
@@ -412,6 +479,10 @@ def main() -> None:
         "loadavg_end": [round(v, 2) for v in os.getloadavg()],
         "note": "ratio = median over interleaved rounds of ours/timm; FLOPs with explicit attention matmuls",
     }
+    if DEVICE.type == "cuda":
+        meta["timing"] = "CUDA events; *_forward_peak_mb = torch.cuda.max_memory_allocated of one forward"
+        meta["micro_dtype"] = "float32"
+    meta["flash"] = {"sdpa_shapes": flash_shapes, "models": FLASH_CHECKS or {"device": DEVICE.type, "flash": "n/a"}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

@@ -4,9 +4,10 @@ Reproduces the measurements behind the SO(3)-RoPE seed's Appendix B / Table 1 on
 plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"`` vs
 ``posenc="none"``).
 
-* Forward time: batch 1, float32, ``eval()``, ``no_grad``; warm-up, then the median of the timed
-  runs. All models are built in this process and timed in interleaved rounds (every round runs
-  each model once, in a rotated order) so that machine noise hits all of them alike. Models that
+* Forward time: batch 1, float32 (``--amp``: bf16 autocast), ``eval()``, ``no_grad``; warm-up, then
+  the median of the timed runs (on CUDA timed with CUDA events). All models are built in this
+  process and timed in interleaved rounds (every round runs each model once, in a rotated order)
+  so that machine noise hits all of them alike. Models that
   are slow here (the S2Transformers on CPU) run in fewer rounds (``--s2-repeats``), spread evenly
   over the whole sequence. Ratios are reported as ratios of medians and as the median of the
   per-round ratios.
@@ -16,11 +17,15 @@ plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"
   ``bytes(params + buffers) + (peak RSS during training - RSS before training)``, the CPU analogue
   of ``torch.cuda.max_memory_allocated`` (which this script uses on CUDA). Where the peak cannot
   be reset, ``ru_maxrss`` is used and the JSON says so.
+* Device: CUDA when present, else the CPU (``--device`` chooses). On CUDA the JSON's ``flash`` entry
+  records the flash-attention check (``benchmarks/_device.py``): SDPA with only the flash backend on
+  the models' attention shapes, and one forward of each model with only flash enabled; a model that
+  passes runs its timed forwards (and training steps) with flash pinned, so flash is the backend used.
 
 Usage::
 
-    python benchmarks/so3vit_vs_s2transformer.py                      # CPU, default models
-    python benchmarks/so3vit_vs_s2transformer.py --device cuda --repeats 50
+    python benchmarks/so3vit_vs_s2transformer.py                      # CUDA if present, default models
+    python benchmarks/so3vit_vs_s2transformer.py --device cuda --amp --repeats 50
     python benchmarks/so3vit_vs_s2transformer.py --models s2transformer_tiny so3vit_tiny --quick
 """
 
@@ -42,6 +47,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _device, also when run through `eqvit bench`
+
+import _device
 
 DEFAULT_MODELS = [
     "s2transformer_4x128",
@@ -89,9 +98,7 @@ def tensor_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+sync = _device.sync
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,14 +120,16 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def memory_worker(spec: str, device_name: str, batch: int, steps: int) -> dict[str, Any]:
-    """Train ``steps`` steps of ``spec`` on a random batch; report the peak memory."""
-    device = torch.device(device_name)
+def memory_worker(spec: str, device_name: str, batch: int, steps: int, amp: bool = False) -> dict[str, Any]:
+    """Train ``steps`` steps of ``spec`` on a random batch (bf16 autocast with ``amp``); report the peak memory."""
+    device = _device.pick_device(device_name)
     torch.manual_seed(0)
     model = build(spec).to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     x = example_input(model, batch, device)
     target = torch.randn(batch, model.out_chans, *model.domain.shape, device=device)  # dense outputs
+    # CUDA: check (one no_grad forward, before the peak is reset) that flash takes every SDPA call.
+    flash = _device.flash_model_check(model, x, device, amp) if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
     gc.collect()
     model_mb = tensor_bytes(model) / 2**20
@@ -129,7 +138,10 @@ def memory_worker(spec: str, device_name: str, batch: int, steps: int) -> dict[s
         "batch_size": batch,
         "train_steps": steps,
         "model_tensors_mb": model_mb,
+        "dtype": _device.amp_dtype(amp),
     }
+    if flash is not None:
+        result.update(flash=flash["flash"], sdpa_backend=_device.backend_used(flash))
     if device.type == "cuda":
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -140,7 +152,9 @@ def memory_worker(spec: str, device_name: str, batch: int, steps: int) -> dict[s
     step_ms = []
     for _ in range(steps):
         start = time.perf_counter()
-        loss = torch.nn.functional.mse_loss(model(x), target)
+        with _device.autocast(device, amp), _device.sdpa_context(device, flash):
+            out = model(x)
+        loss = torch.nn.functional.mse_loss(out.float(), target)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -164,6 +178,8 @@ def memory_worker(spec: str, device_name: str, batch: int, steps: int) -> dict[s
 def measure_memory(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-worker", spec, "--device", args.device]
     cmd += ["--batch-size", str(args.batch_size), "--train-steps", str(args.train_steps)]
+    if getattr(args, "amp", False):  # ablate.py passes a Namespace without it
+        cmd.append("--amp")
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -178,14 +194,27 @@ def measure_memory(spec: str, args: argparse.Namespace) -> dict[str, Any]:
 # forward time (all models in this process, interleaved rounds)
 
 
-def time_forward(specs: list[str], repeats: dict[str, int], warmup: int, device: torch.device) -> dict[str, Any]:
+def time_forward(
+    specs: list[str], repeats: dict[str, int], warmup: int, device: torch.device, amp: bool = False
+) -> dict[str, Any]:
+    """Interleaved forward timing; with ``amp`` under bf16 autocast. On CUDA each model first goes through
+    :func:`_device.flash_model_check` and, if flash takes all its SDPA calls, runs with flash pinned."""
     from tqdm import tqdm
 
-    built, inputs = {}, {}
+    device = torch.device(device)
+    built, inputs, flash = {}, {}, {}
     for spec in specs:
         torch.manual_seed(0)
         built[spec] = build(spec).to(device).eval()
         inputs[spec] = example_input(built[spec], 1, device)
+        if device.type == "cuda":
+            flash[spec] = _device.flash_model_check(built[spec], inputs[spec], device, amp)
+            print(f"flash check {spec}: {flash[spec]['flash']}", file=sys.stderr)
+
+    def forward(spec: str) -> None:
+        with _device.autocast(device, amp), _device.sdpa_context(device, flash.get(spec)):
+            built[spec](inputs[spec])
+
     raw: dict[str, list[dict[str, float]]] = {spec: [] for spec in specs}
     rounds = max(repeats.values())
     # A model with fewer runs runs in rounds spread evenly over the whole sequence, so that it
@@ -194,23 +223,20 @@ def time_forward(specs: list[str], repeats: dict[str, int], warmup: int, device:
     with torch.no_grad():
         for _ in range(warmup):
             for spec in specs:
-                built[spec](inputs[spec])
+                forward(spec)
         sync(device)
         for r in tqdm(range(rounds), desc="forward rounds", file=sys.stderr, disable=None):
             order = specs[r % len(specs) :] + specs[: r % len(specs)]
             for spec in order:
                 if r not in scheduled[spec]:
                     continue
-                sync(device)
-                start = time.perf_counter()
-                built[spec](inputs[spec])
-                sync(device)
-                raw[spec].append({"round": r, "ms": (time.perf_counter() - start) * 1e3})
+                raw[spec].append({"round": r, "ms": _device.time_ms(lambda spec=spec: forward(spec), device)})
     params = {spec: count_params(model) for spec, model in built.items()}
     tokens = {spec: num_tokens(model) for spec, model in built.items()}
-    del built
+    built.clear()  # (``forward`` holds the dict)
     gc.collect()
-    return {"raw": raw, "params": params, "tokens": tokens}
+    backends = {spec: _device.backend_used(flash.get(spec)) for spec in specs}
+    return {"raw": raw, "params": params, "tokens": tokens, "flash": flash, "sdpa_backend": backends}
 
 
 def spread(n: int, rounds: int) -> set[int]:
@@ -255,8 +281,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
         "device": str(device),
     }
     if device.type == "cuda":
-        info["cuda_device"] = torch.cuda.get_device_name(device)
-        info["cuda"] = torch.version.cuda
+        info.update(_device.device_info(device))
     return info
 
 
@@ -279,9 +304,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from eqvit import models
     from eqvit.utils import unknown_name_error
 
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: CUDA is not available on this machine")
+    device = _device.pick_device(args.device)
+    args.device = str(device)  # the memory workers get the resolved device
     for name in args.models:
         if not models.is_model(name):
             raise SystemExit(str(unknown_name_error("model", name, models.list_models())))
@@ -301,7 +325,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"device {device}, torch {info['torch']}, {info['torch_threads']} threads, {info['cpu_count']} CPUs",
         file=sys.stderr,
     )
-    timing = time_forward(specs, repeats, args.warmup, device)
+    flash_shapes = _device.flash_sdpa_check(device)
+    if device.type == "cuda":
+        print(f"flash SDPA on the models' attention shapes: {flash_shapes['flash']}", file=sys.stderr)
+    timing = time_forward(specs, repeats, args.warmup, device, amp=args.amp)
     memory = {}
     if not args.no_memory:
         for spec in args.models:
@@ -352,8 +379,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "forward_batch_size": 1,
             "train_batch_size": args.batch_size,
             "train_steps": args.train_steps,
-            "dtype": "float32",
+            "dtype": _device.amp_dtype(args.amp),
+            "amp": args.amp,
             "threads": args.threads,
+        },
+        "flash": {
+            "sdpa_shapes": flash_shapes,
+            "models": timing["flash"] or {"device": device.type, "flash": "n/a"},
+            "sdpa_backend": timing["sdpa_backend"],
         },
         "rows": rows,
         "headline": headline,
@@ -395,6 +428,11 @@ def print_report(result: dict[str, Any]) -> None:
             f"(paired per-round median {fmt_ratio(head['rope_overhead_paired_median'])}; "
             f"target <= {t['rope_overhead']}x)"
         )
+    flash = result.get("flash", {})
+    if flash.get("sdpa_shapes", {}).get("flash", "n/a") != "n/a":
+        print(f"flash SDPA on the attention shapes: {flash['sdpa_shapes']['flash']}")
+        for spec, backend in flash["sdpa_backend"].items():
+            print(f"  {spec:<30} {backend}")
     m = result["machine"]
     print(
         f"machine: {m['device']}, torch {m['torch']}, {m['torch_threads']} threads, {m['cpu_count']} CPUs, "
@@ -422,7 +460,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed forward runs per model (default 2, quick 1)")
     p.add_argument("--batch-size", type=int, default=4, help="training batch size for the memory measurement")
     p.add_argument("--train-steps", type=int, default=None, help="training steps per memory run (default 2, quick 1)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast for the forward and training runs")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--reference", default=None, help="ratios are against this model (default: first s2transformer*)")
     p.add_argument("--candidate", default=None, help="headline model (default: first so3vit*)")
@@ -450,7 +489,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.memory_worker is not None:
-        print(json.dumps(memory_worker(args.memory_worker, args.device, args.batch_size, args.train_steps)))
+        result = memory_worker(args.memory_worker, args.device, args.batch_size, args.train_steps, args.amp)
+        print(json.dumps(result))
         return
     result = run(args)
     print_report(result)

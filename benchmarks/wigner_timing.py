@@ -2,9 +2,12 @@
 
 Times ``wigner_D_blocks(L, R)`` (the SO(3)-RoPE operator, all degrees at once) and ``wigner_D(l, R)`` for
 each l <= L: warm-up calls first (they also build the cached constants), then the median and minimum
-of ``--repeats`` timed calls. Prints a table and writes JSON.
+of ``--repeats`` timed calls. Prints a table and writes JSON. Runs on CUDA when present (``--device``
+chooses; each timed call is followed by ``torch.cuda.synchronize``); the Wigner-D recursion keeps its
+own float64 internals on every device, ``--dtype`` is the dtype of the poses and the result.
 
-    python benchmarks/wigner_timing.py                      # 960 float32 poses, L = 7, CPU
+    python benchmarks/wigner_timing.py                      # 960 float32 poses, L = 7, CUDA if present
+    python benchmarks/wigner_timing.py --device cpu         # force the CPU
     python benchmarks/wigner_timing.py --threads 1 --out benchmarks/results/wigner_timing_1thread.json
 """
 
@@ -15,6 +18,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +26,10 @@ from pathlib import Path
 import torch
 
 from eqvit.groups.so3 import random_rotations, wigner_D, wigner_D_blocks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _device, also when run through `eqvit bench`
+
+import _device
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -34,8 +42,7 @@ def time_call(fn: Callable[[], torch.Tensor], repeats: int, warmup: int, device:
     """
 
     def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _device.sync(device)
 
     for _ in range(warmup):
         fn()
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n", type=int, default=960, help="number of poses (960 = SO3ViT on icosphere level 2)")
     parser.add_argument("--L", type=int, default=7, help="highest degree")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per entry (at least 20)")
     parser.add_argument("--warmup", type=int, default=5)
@@ -84,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    device = torch.device(args.device)
+    device = _device.pick_device(args.device)
+    args.device = str(device)
     dtype = DTYPES[args.dtype]
     generator = torch.Generator().manual_seed(args.seed)
     R = random_rotations(args.n, generator=generator, dtype=dtype).to(device)
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
         "environment": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
-            "device": str(device),
+            **_device.device_info(device),
             "cpu_count": os.cpu_count(),
             "machine": platform.machine(),
             "processor": platform.processor(),
