@@ -220,9 +220,15 @@ def swe_speed(specs: dict[str, tuple[str, dict[str, Any]]], args: argparse.Names
         for s in strings.values()
     }
     device = torch.device(args.device)
-    timing = speed.time_forward(list(strings.values()), repeats, warmup=1 if args.quick else 3, device=device)
+    timing = speed.time_forward(
+        list(strings.values()), repeats, warmup=1 if args.quick else 3, device=device, amp=args.amp
+    )
     mem_args = argparse.Namespace(
-        device=args.device, batch_size=4, train_steps=1 if args.quick else 3, threads=torch.get_num_threads()
+        device=args.device,
+        batch_size=4,
+        train_steps=1 if args.quick else 3,
+        threads=torch.get_num_threads(),
+        amp=args.amp,
     )
     out = {}
     for label, s in strings.items():
@@ -376,6 +382,7 @@ def run_points(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
     rows = [store.cells[f"{g}-seed{s}"] for s in seeds for g in pp.GROUPS]
     summary = pp.summarise(rows, list(pp.GROUPS))
     meta = dict(vars(settings), seeds=seeds, quick=args.quick, num_classes=10, train_rotate="none")
+    meta.update(wall_s=sum(r["total_s"] for r in rows), loadavg_end=[round(v, 2) for v in os.getloadavg()])
     meta.update(test_rotate=["so3", "none"], orders={r["group"]: r["group_order"] for r in rows})
     pp.plot(summary, rows, store.folder / "accuracy.png", meta)
     return {"summary": summary, "settings": meta, "table": pp.markdown(summary, meta), "plots": ["accuracy.png"]}
@@ -565,6 +572,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--image-folder", type=Path, default=None, help="images: also a PatternNet-style folder")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (training)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--amp", action="store_true", help="swe speed: bf16 autocast (GPU)")
     parser.add_argument("--fresh", action="store_true", help="ignore finished cells and start over")
     args = parser.parse_args(argv)
 
