@@ -197,11 +197,12 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
         return y.reshape(*lead, G * O)
 
 
-class RegularLayerNorm(nn.Module):
+class RegularLayerNorm(DerivedCache):
     """LayerNorm over all ``|G| * C`` entries of a token, affine ``[C]`` shared across frames.
 
     The mean and variance over every frame are invariant to permuting frames, and a per-channel
-    scale that is the same in every frame commutes with that permutation.
+    scale that is the same in every frame commutes with that permutation. The affine parameters
+    tiled over the frames are cached while no gradient is recorded.
     """
 
     def __init__(self, group_order: int, channels: int, eps: float = 1e-6) -> None:
@@ -210,9 +211,15 @@ class RegularLayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(channels))
         self.bias = nn.Parameter(torch.zeros(channels))
 
+    def tiled_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weight, bias)`` repeated over the frames, ``[|G| * C]`` each."""
+        return self.derived(
+            "affine", [self.weight, self.bias], lambda: (self.weight.repeat(self.order), self.bias.repeat(self.order))
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        G = self.order
-        return F.layer_norm(x, (G * self.channels,), self.weight.repeat(G), self.bias.repeat(G), self.eps)
+        weight, bias = self.tiled_affine()
+        return F.layer_norm(x, (self.order * self.channels,), weight, bias, self.eps)
 
 
 class RegularLayerScale(nn.Module):

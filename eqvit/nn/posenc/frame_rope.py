@@ -46,8 +46,18 @@ def default_frequencies(
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate channel pairs ``(x_k, x_{k + D/2})`` of ``x [..., D]`` by angles with ``cos, sin [..., D/2]``."""
+    return apply_rotary_full(x, *full_rotation(cos, sin))
+
+
+def full_rotation(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin [..., D/2] -> ([cos, cos], [-sin, sin]) [..., D]`` for :func:`apply_rotary_full`."""
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
+def apply_rotary_full(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """``x * [cos, cos] + [x2, x1] * [-sin, sin]``: the pair rotation in three tensor ops."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return torch.addcmul(x * cos_full, torch.cat([x2, x1], dim=-1), sin_signed)
 
 
 class FrameRoPE(ExactBuffers, PositionalScheme):
@@ -98,8 +108,9 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
             self.register_exact_buffer("positions", positions)
             if not learnable:  # everything is fixed: precompute the rotations once
                 cos, sin = self._cos_sin(positions, freqs, torch.from_numpy(group.elements.copy()))
-                self.register_exact_buffer("cos", cos)
-                self.register_exact_buffer("sin", sin)
+                cos_full, sin_signed = full_rotation(cos, sin)
+                self.register_exact_buffer("cos_full", cos_full)
+                self.register_exact_buffer("sin_signed", sin_signed)
 
     def _check_positions(self, positions: torch.Tensor) -> None:
         if positions.ndim < 2 or positions.shape[-1] != self.dim:
@@ -121,7 +132,8 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
             if not self.fixed_positions:
                 raise ValueError("this FrameRoPE has no fixed positions: pass positions [B, N, d] (see bind)")
             if not self.learnable:
-                return self.cos, self.sin
+                half = self.head_dim // 2
+                return self.cos_full[..., :half], -self.sin_signed[..., :half]
             positions = self.positions
         self._check_positions(positions)
         return self._cos_sin(positions.to(self.freqs.dtype), self.freqs, self.frames.to(self.freqs.dtype))
@@ -133,8 +145,9 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
     def rotate_qk_tokens(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin()
-        return _rotate_tokens(q, k, cos, sin, num_prefix_tokens)
+        if self.fixed_positions and not self.learnable:
+            return _rotate_tokens(q, k, self.cos_full, self.sin_signed, num_prefix_tokens)
+        return _rotate_tokens(q, k, *full_rotation(*self.cos_sin()), num_prefix_tokens)
 
     def rotate_qk(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
@@ -151,21 +164,22 @@ class BoundFrameRoPE(PositionalScheme):
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         super().__init__()
         self.cos, self.sin = cos, sin
+        self.cos_full, self.sin_signed = full_rotation(cos, sin)  # once per batch, shared by all blocks
 
     def rotate_qk_tokens(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return _rotate_tokens(q, k, self.cos, self.sin, num_prefix_tokens)
+        return _rotate_tokens(q, k, self.cos_full, self.sin_signed, num_prefix_tokens)
 
 
 def _rotate_tokens(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_prefix_tokens: int
+    q: torch.Tensor, k: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor, num_prefix_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate token-major ``q, k [B, N, G * H, D]``, leaving the first ``num_prefix_tokens`` as they are."""
-    cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    cos_full, sin_signed = cos_full.to(q.dtype), sin_signed.to(q.dtype)
     p = num_prefix_tokens
     if p == 0:
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    q = torch.cat([q[:, :p], apply_rotary(q[:, p:], cos, sin)], dim=1)
-    k = torch.cat([k[:, :p], apply_rotary(k[:, p:], cos, sin)], dim=1)
+        return apply_rotary_full(q, cos_full, sin_signed), apply_rotary_full(k, cos_full, sin_signed)
+    q = torch.cat([q[:, :p], apply_rotary_full(q[:, p:], cos_full, sin_signed)], dim=1)
+    k = torch.cat([k[:, :p], apply_rotary_full(k[:, p:], cos_full, sin_signed)], dim=1)
     return q, k

@@ -20,13 +20,13 @@ from torch import nn
 
 from eqvit.geometry.points import point_permutation
 from eqvit.groups import FiniteGroup
-from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.buffers import DerivedCache, ExactBuffers
 from eqvit.nn.regular import LiftToGroup
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed
 from eqvit.nn.tokenizers.square import square_patch_layout
 
 
-class LiftedSquarePatchEmbed(nn.Module):
+class LiftedSquarePatchEmbed(DerivedCache):
     """``[B, C_in, S, S] -> [B, (S/P)^2, |G| * C]``: ``f_i(R) = sum_u W(u) x(c_i + R u) + b``.
 
     One kernel ``W [C, C_in, P, P]``; frame R uses it with the patch pixels permuted by R (the
@@ -66,14 +66,18 @@ class LiftedSquarePatchEmbed(nn.Module):
         return (self.img_size // self.patch_size) ** 2
 
     def steered_weight(self) -> torch.Tensor:
-        """``[|G| C, C_in, P, P]``: the kernel as seen by every frame, frames-major."""
+        """``[|G| C, C_in, P, P]``: the kernel as seen by every frame, frames-major (cached without grad)."""
+        return self.derived("steered", [self.weight], self._steer_weight)
+
+    def _steer_weight(self) -> torch.Tensor:
         # Frame g's kernel at offset v is W(R_g^-1 v): gather through steer[g, v].
         w = self.weight[:, :, self.steer]  # [C, C_in, G, P^2]
         P = self.patch_size
         return w.permute(2, 0, 1, 3).reshape(self.order * self.channels, self.in_chans, P, P)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.conv2d(x, self.steered_weight(), self.bias.repeat(self.order), stride=self.patch_size)
+        bias = self.derived("bias", [self.bias], lambda: self.bias.repeat(self.order))
+        out = F.conv2d(x, self.steered_weight(), bias, stride=self.patch_size)
         return out.flatten(2).transpose(1, 2)  # [B, N, G C]
 
 
