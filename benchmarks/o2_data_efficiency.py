@@ -252,7 +252,7 @@ def plot(runs: list[dict], out: Path) -> None:
                 ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label=group)
             ax.set_title(f"{grid}, sample ratio {ratio}")
             ax.set_xlabel("log10(#params)")
-            ax.set_ylabel("validation accuracy (%)")
+            ax.set_ylabel("best validation accuracy (%), mean ± std over seeds")
             ax.legend()
     fig.tight_layout()
     fig.savefig(out / "accuracy_vs_params.png", dpi=120)
