@@ -363,7 +363,7 @@ def swe_error_maps(specs: dict, store: CellStore) -> str:
 def points_settings(args: argparse.Namespace) -> argparse.Namespace:
     """The settings ``platonic_pointcloud.run_one`` reads: equal width |G| C = 240 for every group."""
     full = dict(width=240, depth=2, mlp_ratio=2.0, points=64, train=1000, val=200, test=500, epochs=10)
-    quick = dict(full, points=32, train=200, val=60, test=100, epochs=3)
+    quick = dict(full, points=32, train=300, val=60, test=100, epochs=12)
     return argparse.Namespace(**(quick if args.quick else full), batch=32, lr=1e-3)
 
 

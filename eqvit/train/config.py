@@ -58,7 +58,9 @@ class DataConfig:
 
     ``shallow_water`` uses ``num_val``, ``nlat`` ... ``cache_dir``; the classification datasets
     (``rotated_mnist``, ``image_folder`` / ``patternnet``, see ``eqvit.train.tasks``) use
-    ``sample_ratio``, ``root``, ``img_size``, ``val_fraction`` and ``split_seed``.
+    ``sample_ratio``, ``root``, ``img_size``, ``val_fraction`` and ``split_seed``;
+    ``synthetic_pointclouds`` uses ``num_points``, ``num_train``, ``num_val``, ``sample_ratio``,
+    ``train_rotate`` / ``val_rotate`` and ``split_seed``.
     """
 
     name: str = "shallow_water"
@@ -78,6 +80,11 @@ class DataConfig:
     img_size: int | None = None  # square side the images are resized / padded to (default: the model's)
     val_fraction: float = 0.2  # image folders: held out per class
     split_seed: int = 0  # the fixed train / validation split
+    # synthetic point clouds
+    num_points: int = 64  # points per cloud
+    num_train: int = 1000  # training clouds (before sample_ratio); validation: num_val
+    train_rotate: str = "none"  # none | z | so3
+    val_rotate: str = "so3"  # what the model is scored on
 
 
 @dataclass

@@ -325,6 +325,34 @@ def rotated_mnist_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
     return ClassificationData(splits["train"], splits["val"], [str(d) for d in range(10)])
 
 
+@register_classification_dataset("synthetic_pointclouds")
+def pointcloud_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
+    """Synthetic 3-D shapes (:func:`eqvit.data.pointclouds.pointcloud_splits`) for ``model(pos, feat)``.
+
+    ``data.num_train`` clouds (``data.sample_ratio`` of them used) rotated by ``data.train_rotate``,
+    ``data.num_val`` validation clouds rotated by ``data.val_rotate`` (default: random SO(3), the
+    test of rotation invariance), ``data.num_points`` points each, split seeded by ``data.split_seed``.
+    """
+    from eqvit.data.pointclouds import pointcloud_splits
+
+    splits = pointcloud_splits(
+        cfg.num_train,
+        cfg.num_val,
+        0,
+        num_points=cfg.num_points,
+        train_rotate=cfg.train_rotate,
+        test_rotate=cfg.val_rotate,
+        seed=cfg.split_seed,
+    )
+    keep = max(1, round(cfg.sample_ratio * cfg.num_train))
+    train, val = splits.train, splits.test
+    return ClassificationData(
+        TensorSplit((train.pos[:keep], train.feat[:keep]), train.labels[:keep]),
+        TensorSplit((val.pos, val.feat), val.labels),
+        list(splits.classes),
+    )
+
+
 @register_classification_dataset("image_folder", "patternnet")
 def image_folder_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
     """Images in ``data.root`` (one sub-folder per class, e.g. PatternNet's ``images/``), RGB in [-1, 1].
