@@ -121,7 +121,9 @@ def test_resume_after_sigkill_at_a_random_moment(tiny_config, tmp_path):
     time.sleep(random.Random(0).uniform(0.0, 1.0))  # somewhere in the middle of a step (or a write)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    result = run_cli("train", str(tiny_config), "--out", str(out), "--resume", env={"EQVIT_CACHE": str(tmp_path / "cache")})
+    result = run_cli(
+        "train", str(tiny_config), "--out", str(out), "--resume", env={"EQVIT_CACHE": str(tmp_path / "cache")}
+    )
     assert result.returncode == 0, result.stderr
     from eqvit.train.config import load_config
     from eqvit.train.engine import train
@@ -185,8 +187,20 @@ def test_torchrun_two_processes_matches_one_process(tiny_config, tmp_path):
     env = {**os.environ, "EQVIT_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "ddp"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        "-m", "eqvit", "train", str(tiny_config), "--out", str(out), "--max-steps", "3",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "eqvit",
+        "train",
+        str(tiny_config),
+        "--out",
+        str(out),
+        "--max-steps",
+        "3",
     ]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -209,7 +223,17 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tiny_config, tmp_path):
     config.write_text(yaml.safe_dump(big))
     cmd = [sys.executable, "-m", "eqvit", "train", str(config), "--out", str(out)]
     env = {**os.environ, "EQVIT_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A job started in the background (`make test &`, nohup) inherits an ignored SIGINT, and Python
+    # then installs no KeyboardInterrupt handler: restore the default in the child, as a terminal has it.
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     # wait until training runs (the progress bar reports a step), then interrupt
     deadline = time.time() + 240
     seen = ""
