@@ -54,7 +54,7 @@ def main() -> None:
     round_ = 0
     while not all(t.done for t in trainers.values()):
         round_ += 1
-        for name, trainer in trainers.items():
+        for trainer in trainers.values():
             if not trainer.done:
                 trainer.train_for(args.slice)
         status = ", ".join(f"{n}: {t.step} steps / {t.train_seconds / 60:.1f} min" for n, t in trainers.items())

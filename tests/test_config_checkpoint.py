@@ -38,7 +38,7 @@ def test_unknown_key_names_it_and_suggests_the_close_one(tmp_path):
 
 
 def test_unknown_top_level_section(tmp_path):
-    with pytest.raises(ConfigError, match="'optimizer'.*'optim'"):
+    with pytest.raises(ConfigError, match=r"'optimizer'.*'optim'"):
         load_config(_yaml(tmp_path, "optimizer:\n  lr: 0.1\n"))
 
 
@@ -144,12 +144,12 @@ def test_truncated_checkpoint_names_the_file(tmp_path, trained):
         load_checkpoint(weights)
     assert "run42.safetensors" in str(info.value)
     weights.write_bytes(b"not a safetensors file")
-    with pytest.raises(CheckpointError, match="run42.safetensors"):
+    with pytest.raises(CheckpointError, match=r"run42\.safetensors"):
         load_checkpoint(weights)
 
 
 def test_missing_checkpoint_and_sidecar_copy(tmp_path, trained):
-    with pytest.raises(CheckpointError, match="nothing.safetensors"):
+    with pytest.raises(CheckpointError, match=r"nothing\.safetensors"):
         load_checkpoint(tmp_path / "nothing.safetensors")
     model, _ = trained
     save_checkpoint(tmp_path, model, step=3, config={})

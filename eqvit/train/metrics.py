@@ -129,7 +129,8 @@ def relative_lp_error(
         expected = tuple(range(-k, 0))
         if tuple(d - pred.ndim if d >= 0 else d for d in dims) != expected:
             raise ValueError(
-                f"expected dims {expected} (the trailing dims matching weights {list(weights.shape)}), got {tuple(dims)}"
+                f"expected dims {expected} (the trailing dims matching weights {list(weights.shape)}), "
+                f"got {tuple(dims)}"
             )
     lead, spatial = _split_shape(pred, k, "pred")
     _check_weights(weights, spatial)
