@@ -27,6 +27,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,27 +256,24 @@ class Trainer:
         tcfg = self.config.train
         if tcfg.max_epochs is None:
             return tcfg.max_steps
-        if self.task.steps_per_epoch is None:
-            raise ValueError(
-                f"train.max_epochs needs a dataset with epochs; data.name {self.config.data.name!r} streams "
-                "fresh samples (use train.max_steps)"
-            )
-        if tcfg.max_epochs <= 0:
-            raise ValueError(f"expected train.max_epochs > 0, got {tcfg.max_epochs}")
-        return max(1, math.ceil(tcfg.max_epochs * self.task.steps_per_epoch))
+        return self._epochs_to_steps("max_epochs", tcfg.max_epochs, "max_steps", math.ceil)
 
     def _eval_every(self) -> int:
         tcfg = self.config.train
         if tcfg.eval_every_epochs is None:
             return tcfg.eval_every
+        return self._epochs_to_steps("eval_every_epochs", tcfg.eval_every_epochs, "eval_every", round)
+
+    def _epochs_to_steps(self, key: str, epochs: float, step_key: str, to_int: Callable[[float], int]) -> int:
+        """``train.<key>`` epochs as a number of steps (at least 1); needs a dataset with epochs."""
         if self.task.steps_per_epoch is None:
             raise ValueError(
-                f"train.eval_every_epochs needs a dataset with epochs; data.name {self.config.data.name!r} streams "
-                "fresh samples (use train.eval_every)"
+                f"train.{key} needs a dataset with epochs; data.name {self.config.data.name!r} streams "
+                f"fresh samples (use train.{step_key})"
             )
-        if tcfg.eval_every_epochs <= 0:
-            raise ValueError(f"expected train.eval_every_epochs > 0, got {tcfg.eval_every_epochs}")
-        return max(1, round(tcfg.eval_every_epochs * self.task.steps_per_epoch))
+        if epochs <= 0:
+            raise ValueError(f"expected train.{key} > 0, got {epochs}")
+        return max(1, to_int(epochs * self.task.steps_per_epoch))
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         ocfg = self.config.optim
