@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from randomise import randomise_
 
 from eqvit import models
 from eqvit.data.shallow_water import latlon_points
@@ -21,17 +22,6 @@ from eqvit.models.baselines import S2TransformerBaseline, default_theta_cutoff
 from eqvit.testing import EquivarianceError, assert_equivariant
 
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "so3vit_vs_s2transformer.py"
-
-
-def randomise_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Add noise to every parameter, in place. EquivariantViT starts with a zero head, so a fresh
-    model outputs exactly zero and an equivariance check on it could not fail."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            std = p[0].numel() ** -0.5 if p.ndim >= 2 else 0.1
-            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * std)
-    return model
 
 
 TABLE_1 = {  # the SO(3)-RoPE seed's Table 1: S2Transformer parameter counts (millions, 2 decimals)

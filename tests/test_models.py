@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from randomise import randomise_
 from torch import nn
 
 import eqvit
@@ -66,18 +67,6 @@ def build(name: str) -> nn.Module:
     except TypeError:  # not deep-copyable (see test_model_can_be_deep_copied): build it again
         torch.manual_seed(0)
         return eqvit.create_model(name)
-
-
-def randomise_(model: nn.Module, seed: int = 0, skip: tuple[str, ...] = ()) -> nn.Module:
-    """Add noise to every parameter (std 1/sqrt(fan_in) for matrices, 0.1 otherwise), in place."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith(skip):
-                continue
-            std = p[0].numel() ** -0.5 if p.ndim >= 2 else 0.1
-            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * std)
-    return model
 
 
 def random_input(

@@ -10,9 +10,11 @@ core's irrep matrices (``FeatureType.representation`` = blockdiag of ``I_C (x) r
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import numpy as np
 import pytest
+import randomise
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,17 +35,12 @@ from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer
 from eqvit.nn.tokenizers.square import SQUARE_GROUPS, SquarePatchTokenizer
 from eqvit.testing import EquivarianceError, assert_equivariant
 
+# Layer-level checks use a fixed noise scale (0.5 unless a test says otherwise).
+randomise_ = partial(randomise.randomise_, scale=0.5)
+
 TOL = 1e-9
 FAMILY = [("square", g) for g in SQUARE_GROUPS] + [("hex", g) for g in HEX_GROUPS]
 ALL_O2_GROUPS = sorted(set(SQUARE_GROUPS) | set(HEX_GROUPS))
-
-
-def randomise_(module: nn.Module, seed: int = 0, scale: float = 0.5) -> nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * scale)
-    return module
 
 
 def act_on_field(points: np.ndarray, g: np.ndarray, x: torch.Tensor, spatial: int) -> torch.Tensor:

@@ -9,9 +9,11 @@ table, ``(L_g f)(R_j) = f(R_{cayley[g^-1, j]})``, the definition the seed's laye
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import numpy as np
 import pytest
+import randomise
 import torch
 from torch import nn
 
@@ -30,15 +32,10 @@ from eqvit.nn.regular import (
 )
 from eqvit.testing import EquivarianceError, assert_equivariant
 
+# Layer-level checks use a fixed noise scale (0.5 unless a test says otherwise).
+randomise_ = partial(randomise.randomise_, scale=0.5)
+
 GROUPS = ["C1", "C4", "C5", "D4", "D6", "T", "O", "I"]
-
-
-def randomise_(model: nn.Module, seed: int = 0, scale: float = 0.5) -> nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * scale)
-    return model
 
 
 def max_frame_error(group, layer: nn.Module, x: torch.Tensor) -> float:
