@@ -129,7 +129,7 @@ SWE_REFERENCE = "SO3ViT (SO(3)-RoPE)"
 def count_params(name: str, kwargs: dict[str, Any]) -> int:
     import eqvit
 
-    return sum(p.numel() for p in eqvit.create_model(name, **kwargs).parameters())
+    return speed.count_params(eqvit.create_model(name, **kwargs))
 
 
 def matched_platonic_width(group: str, target: int, kwargs: dict[str, Any]) -> tuple[int, int]:

@@ -113,10 +113,12 @@ class LiftedIcosphereEmbed(ExactBuffers):
         super().__init__()
         self.order = group.order
         self.embed = IcospherePatchEmbed(in_chans, channels, input_level, patch_level)
-        self.lift = LiftToGroup(group)
         self.axes_proj = nn.Linear(6, channels, bias=False)
         poses = self.embed.poses  # [3M, 3, 3] float64, columns (e1, e2, e3)
-        self.register_exact_buffer("axes", poses[:, :, [0, 2]].transpose(1, 2).contiguous())  # [3M, 2, 3]
+        axes = poses[:, :, [0, 2]].transpose(1, 2)  # [3M, 2, 3]
+        # Fixed geometry: the axes seen from every frame are lifted once, in float64.
+        seen = LiftToGroup(group).double()(vectors=axes).unflatten(-1, (group.order, 6))  # [3M, G, 6]
+        self.register_exact_buffer("seen_axes", seen)
         self.positions = poses[:, :, 2].clone()  # centroid directions [3M, 3]
 
     @property
@@ -125,5 +127,4 @@ class LiftedIcosphereEmbed(ExactBuffers):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scalars = self.embed(x)  # [B, 3M, C]
-        seen = self.lift(vectors=self.axes).unflatten(-1, (self.order, 6))  # [3M, G, 6]
-        return (scalars.unsqueeze(-2) + self.axes_proj(seen)).flatten(-2)
+        return (scalars.unsqueeze(-2) + self.axes_proj(self.seen_axes)).flatten(-2)
