@@ -21,7 +21,7 @@ import eqvit
 from eqvit.groups import get_group
 from eqvit.models.platonic import sphere_frames
 from eqvit.nn.platonic import PlatonicAttention, PlatonicBlock
-from eqvit.nn.posenc.frame_rope import FrameRoPE
+from eqvit.nn.posenc.frame_rope import FrameRoPE, rotate_pairs
 from eqvit.nn.regular import (
     FOURIER_COST_RATIO,
     GroupConvLinear,
@@ -194,6 +194,33 @@ def test_frame_rope_scores_depend_on_relative_positions_seen_from_each_frame():
     assert (scores(pos * 1.5) - base).abs().max() > 1e-2  # relative positions changed: scores change
     rq, _ = rope.bind(pos).rotate_qk_tokens(q, k)
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))  # rotations preserve norms
+
+
+def test_rotate_pairs_is_the_real_rotation_of_adjacent_pairs():
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    angles = torch.randn(5, 4, dtype=torch.float64)
+    got = rotate_pairs(x, torch.stack([angles.cos(), angles.sin()], dim=-1))
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    expected = torch.stack([x0 * angles.cos() - x1 * angles.sin(), x0 * angles.sin() + x1 * angles.cos()], dim=-1)
+    torch.testing.assert_close(got, expected.flatten(-2))
+    # reduced precision is rotated in float32 and returned in its own dtype
+    half = rotate_pairs(x.bfloat16(), torch.stack([angles.cos(), angles.sin()], dim=-1).float())
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.double(), expected.flatten(-2), atol=5e-2, rtol=2e-2)
+
+
+def test_frame_rope_takes_unflattened_heads():
+    """Platonic attention hands q, k over as strided views [B, N, G, H, D]: same result as [B, N, G H, D]."""
+    group = get_group("O")
+    rope = FrameRoPE(group, num_heads=2, head_dim=4).double()
+    qkv = torch.randn(2, 5, group.order, 3, 2, 4, dtype=torch.float64)
+    q, k, _ = qkv.unbind(3)  # non-contiguous views
+    pos = torch.randn(2, 5, 3, dtype=torch.float64)
+    views = rope.bind(pos).rotate_qk_tokens(q, k)
+    flat = rope.bind(pos).rotate_qk_tokens(q.reshape(2, 5, -1, 4), k.reshape(2, 5, -1, 4))
+    for a, b in zip(views, flat):
+        assert a.shape == (2, 5, group.order * 2, 4)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_frame_rope_with_unshared_frequencies_breaks_equivariance():

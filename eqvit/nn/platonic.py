@@ -72,10 +72,10 @@ class PlatonicAttention(nn.Module):
         """``x [B, N, |G| C] -> [B, N, |G| C]``."""
         B, N, _ = x.shape
         G, H, D = self.order, self.num_heads, self.head_dim
-        # Per frame the qkv channels are (3, H, D); frames-major heads: [B, N, G * H, D].
+        # Per frame the qkv channels are (3, H, D): q, k, v are strided views [B, N, G, H, D].
         q, k, v = self.qkv(x).reshape(B, N, G, 3, H, D).unbind(3)
-        q, k = self.q_norm(q).reshape(B, N, G * H, D), self.k_norm(k).reshape(B, N, G * H, D)
-        if rope is not None:
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # rotates the views as they are (no copy first): [B, N, G * H, D]
             q, k = rope.rotate_qk_tokens(q, k, num_prefix_tokens)
         if self.scores == "frames":
             q, k, v = (t.reshape(B, N, G * H, D).transpose(1, 2) for t in (q, k, v))  # [B, G H, N, D]

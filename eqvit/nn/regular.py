@@ -147,14 +147,24 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
 
     def dense_weight(self) -> torch.Tensor:
         """The equivariant ``[|G| C_out, |G| C_in]`` matrix: block (r, s) is ``W(R_r^-1 R_s)``."""
-        return self.derived("dense", [self.weight], self._gather_dense_weight)
+        return self.dense_weight_and_bias()[0]
+
+    def dense_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(dense_weight(), dense_bias())`` behind one cache lookup (the Cayley forward's operands)."""
+
+        def compute() -> tuple[torch.Tensor, torch.Tensor | None]:
+            bias = None if self.bias is None else self.bias.repeat(self.order)
+            return self._gather_dense_weight(), bias
+
+        return self.derived("dense", [self.weight, self.bias], compute)
 
     def _gather_dense_weight(self) -> torch.Tensor:
         G, O, I = self.order, self.out_channels, self.in_channels
         return self.weight[self.kernel_index].permute(0, 2, 1, 3).reshape(G * O, G * I)
 
     def dense_bias(self) -> torch.Tensor | None:
-        return None if self.bias is None else self.derived("bias", [self.bias], lambda: self.bias.repeat(self.order))
+        """The bias ``[|G| C_out]``: the same ``[C_out]`` in every frame (``None`` without bias)."""
+        return self.dense_weight_and_bias()[1]
 
     def fourier_kernels(self) -> list[torch.Tensor]:
         """Per irrep rho, ``W_hat(rho)^T [d C_in, d C_out]``.
@@ -178,7 +188,7 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
         if x.shape[-1] != self.order * self.in_channels:
             raise ValueError(f"expected regular features [..., {self.order} * {self.in_channels}], got {list(x.shape)}")
         if self.impl == "cayley":
-            return F.linear(x, self.dense_weight(), self.dense_bias())
+            return F.linear(x, *self.dense_weight_and_bias())
         return self.forward_fourier(x)
 
     def forward_fourier(self, x: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,11 @@ class PositionalScheme(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same as :meth:`rotate_qk` for token-major ``q, k [B, N, H, D]`` (what attention holds).
 
-        Schemes override it when the token-major layout is faster for them.
+        The heads may come unflattened, ``[B, N, G, H, D]`` (frames-major, as Platonic attention
+        splits them off its fused projection); the result is always ``[B, N, G * H, D]``. Schemes
+        override it when the token-major layout is faster for them.
         """
+        q, k = q.flatten(2, -2), k.flatten(2, -2)
         q, k = self.rotate_qk(q.transpose(1, 2), k.transpose(1, 2), num_prefix_tokens)
         return q.transpose(1, 2), k.transpose(1, 2)
 

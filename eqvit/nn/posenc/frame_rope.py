@@ -2,7 +2,7 @@
 
 Queries and keys are regular features split into heads, laid out frames-major as
 ``[B, N, |G| * H, D]``. Frame R sees position p as ``R^-1 p``; head h rotates its ``D / 2``
-channel pairs by the angles ``omega_{h,k} . (R^-1 p)``. The frequencies ``omega`` are shared by
+adjacent channel pairs ``(x_2k, x_2k+1)`` by the angles ``omega_{h,k} . (R^-1 p)``. The frequencies ``omega`` are shared by
 all frames, so the score of frame R depends on ``R^-1 (p_j - p_i)`` only: rotating the input by
 g in G and permuting the frames by ``R -> g^-1 R`` leaves every score in place (seed App. B).
 """
@@ -44,20 +44,19 @@ def default_frequencies(
     return (magnitudes[:, None] * directions).reshape(num_heads, pairs, dim)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs ``(x_k, x_{k + D/2})`` of ``x [..., D]`` by angles with ``cos, sin [..., D/2]``."""
-    return apply_rotary_full(x, *full_rotation(cos, sin))
+def rotate_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotate the adjacent channel pairs ``(x_2k, x_2k+1)`` of ``x [..., D]`` by ``rotation [..., D/2, 2]``.
 
-
-def full_rotation(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos, sin [..., D/2] -> ([cos, cos], [-sin, sin]) [..., D]`` for :func:`apply_rotary_full`."""
-    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
-
-
-def apply_rotary_full(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """``x * [cos, cos] + [x2, x1] * [-sin, sin]``: the pair rotation in three tensor ops."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.addcmul(x * cos_full, torch.cat([x2, x1], dim=-1), sin_signed)
+    ``rotation`` holds (cos, sin) per pair and broadcasts against ``x``'s leading dims. One complex
+    multiply: the pairs and the table are viewed as complex numbers (no copies; ``x`` may be a
+    strided view such as one of q, k, v split off a fused projection). Reduced-precision inputs
+    (bf16 / fp16 under autocast) are rotated in float32 and cast back.
+    """
+    dtype = x.dtype
+    work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    pairs = torch.view_as_complex(x.to(work).unflatten(-1, (-1, 2)))
+    turned = pairs * torch.view_as_complex(rotation.to(work))
+    return torch.view_as_real(turned).flatten(-2).to(dtype)
 
 
 class FrameRoPE(ExactBuffers, PositionalScheme):
@@ -74,7 +73,8 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
             are then recomputed every forward.
         min_wavelength, max_wavelength: range of the frequencies, in position units.
 
-    ``rotate_qk_tokens(q, k)`` takes ``q, k [B, N, |G| * H, D]`` (frames-major heads).
+    ``rotate_qk_tokens(q, k)`` takes ``q, k [B, N, |G| * H, D]`` (frames-major heads), or the same
+    with the heads unflattened, ``[B, N, |G|, H, D]``.
     """
 
     is_rotary = True
@@ -106,11 +106,9 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
             positions = torch.as_tensor(np.asarray(positions), dtype=torch.float64)
             self._check_positions(positions)
             self.register_exact_buffer("positions", positions)
-            if not learnable:  # everything is fixed: precompute the rotations once
+            if not learnable:  # everything is fixed: precompute the rotations once, (cos, sin) pairs
                 cos, sin = self._cos_sin(positions, freqs, torch.from_numpy(group.elements.copy()))
-                cos_full, sin_signed = full_rotation(cos, sin)
-                self.register_exact_buffer("cos_full", cos_full)
-                self.register_exact_buffer("sin_signed", sin_signed)
+                self.register_exact_buffer("rotation", torch.stack([cos, sin], dim=-1))
 
     def _check_positions(self, positions: torch.Tensor) -> None:
         if positions.ndim < 2 or positions.shape[-1] != self.dim:
@@ -132,8 +130,7 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
             if not self.fixed_positions:
                 raise ValueError("this FrameRoPE has no fixed positions: pass positions [B, N, d] (see bind)")
             if not self.learnable:
-                half = self.head_dim // 2
-                return self.cos_full[..., :half], -self.sin_signed[..., :half]
+                return self.rotation[..., 0], self.rotation[..., 1]
             positions = self.positions
         self._check_positions(positions)
         return self._cos_sin(positions.to(self.freqs.dtype), self.freqs, self.frames.to(self.freqs.dtype))
@@ -146,8 +143,8 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fixed_positions and not self.learnable:
-            return _rotate_tokens(q, k, self.cos_full, self.sin_signed, num_prefix_tokens)
-        return _rotate_tokens(q, k, *full_rotation(*self.cos_sin()), num_prefix_tokens)
+            return _rotate_tokens(q, k, self.rotation, num_prefix_tokens)
+        return _rotate_tokens(q, k, torch.stack(self.cos_sin(), dim=-1), num_prefix_tokens)
 
     def rotate_qk(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
@@ -164,22 +161,29 @@ class BoundFrameRoPE(PositionalScheme):
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         super().__init__()
         self.cos, self.sin = cos, sin
-        self.cos_full, self.sin_signed = full_rotation(cos, sin)  # once per batch, shared by all blocks
+        self.rotation = torch.stack([cos, sin], dim=-1)  # once per batch, shared by all blocks
 
     def rotate_qk_tokens(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return _rotate_tokens(q, k, self.cos_full, self.sin_signed, num_prefix_tokens)
+        return _rotate_tokens(q, k, self.rotation, num_prefix_tokens)
 
 
 def _rotate_tokens(
-    q: torch.Tensor, k: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor, num_prefix_tokens: int
+    q: torch.Tensor, k: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate token-major ``q, k [B, N, G * H, D]``, leaving the first ``num_prefix_tokens`` as they are."""
-    cos_full, sin_signed = cos_full.to(q.dtype), sin_signed.to(q.dtype)
+    """Rotate token-major ``q, k [B, N, *heads, D]``, leaving the first ``num_prefix_tokens`` as they are.
+
+    ``rotation [..., N', G * H, D/2, 2]`` (N' = N - num_prefix_tokens) is viewed with q's head dims.
+    Returns ``[B, N, G * H, D]`` (contiguous).
+    """
+    B, N, D = q.shape[0], q.shape[1], q.shape[-1]
+    rotation = rotation.reshape(*rotation.shape[:-3], *q.shape[2:-1], D // 2, 2)
     p = num_prefix_tokens
-    if p == 0:
-        return apply_rotary_full(q, cos_full, sin_signed), apply_rotary_full(k, cos_full, sin_signed)
-    q = torch.cat([q[:, :p], apply_rotary_full(q[:, p:], cos_full, sin_signed)], dim=1)
-    k = torch.cat([k[:, :p], apply_rotary_full(k[:, p:], cos_full, sin_signed)], dim=1)
-    return q, k
+    out = []
+    for x in (q, k):
+        turned = rotate_pairs(x[:, p:] if p else x, rotation)
+        if p:
+            turned = torch.cat([x[:, :p].contiguous(), turned], dim=1)
+        out.append(turned.reshape(B, N, -1, D))
+    return out[0], out[1]

@@ -89,6 +89,7 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
         ``[N, 2 B H, D] @ [N, D, D]`` product: a few large per-token products instead of many
         small ones (on CPU this halves the cost of the einsum over ``[B, H, N, D]``).
         """
+        q, k = q.flatten(2, -2), k.flatten(2, -2)  # heads may come unflattened (see the base class)
         self._check_fixed(q, num_prefix_tokens, token_axis=1)
         p = num_prefix_tokens
         B, N, H, D = q.shape
