@@ -2,9 +2,10 @@
 
 Queries and keys are regular features split into heads, laid out frames-major as
 ``[B, N, |G| * H, D]``. Frame R sees position p as ``R^-1 p``; head h rotates its ``D / 2``
-adjacent channel pairs ``(x_2k, x_2k+1)`` by the angles ``omega_{h,k} . (R^-1 p)``. The frequencies ``omega`` are shared by
-all frames, so the score of frame R depends on ``R^-1 (p_j - p_i)`` only: rotating the input by
-g in G and permuting the frames by ``R -> g^-1 R`` leaves every score in place (seed App. B).
+adjacent channel pairs ``(x_2k, x_2k+1)`` by the angles ``omega_{h,k} . (R^-1 p)``. The
+frequencies ``omega`` are shared by all frames, so the score of frame R depends on
+``R^-1 (p_j - p_i)`` only: rotating the input by g in G and permuting the frames by
+``R -> g^-1 R`` leaves every score in place (seed App. B).
 """
 
 from __future__ import annotations
