@@ -364,7 +364,7 @@ def points_settings(args: argparse.Namespace) -> argparse.Namespace:
     """The settings ``platonic_pointcloud.run_one`` reads: equal width |G| C = 240 for every group."""
     full = dict(width=240, depth=2, mlp_ratio=2.0, points=64, train=1000, val=200, test=500, epochs=10)
     quick = dict(full, points=32, train=300, val=60, test=100, epochs=12)
-    return argparse.Namespace(**(quick if args.quick else full), batch=32, lr=1e-3)
+    return argparse.Namespace(**(quick if args.quick else full), batch=32, lr=1e-3, train_rotate="none")
 
 
 def run_points(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
@@ -381,7 +381,7 @@ def run_points(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
                 print(f"{key}: rotated test {row['test_so3']:.3f}, upright {row['test_none']:.3f}", flush=True)
     rows = [store.cells[f"{g}-seed{s}"] for s in seeds for g in pp.GROUPS]
     summary = pp.summarise(rows, list(pp.GROUPS))
-    meta = dict(vars(settings), seeds=seeds, quick=args.quick, num_classes=10, train_rotate="none")
+    meta = dict(vars(settings), seeds=seeds, quick=args.quick, num_classes=10)
     meta.update(wall_s=sum(r["total_s"] for r in rows), loadavg_end=[round(v, 2) for v in os.getloadavg()])
     meta.update(test_rotate=["so3", "none"], orders={r["group"]: r["group_order"] for r in rows})
     pp.plot(summary, rows, store.folder / "accuracy.png", meta)
