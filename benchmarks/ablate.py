@@ -10,7 +10,7 @@ TASK is one of
   peak training memory (batch 4, fresh process each); a Pareto plot of L2 against the time per
   training step (the SO(3)-RoPE seed's Figure 2) and the error maps side by side (its Figure 3).
 - ``points``: Platonic trivial / T / O / I frames on the synthetic shapes (see
-  ``benchmarks/platonic_pointcloud.py``), trained unrotated, tested under random SO(3) rotations.
+  ``benchmarks/platonic_pointcloud.py``), trained and tested under random SO(3) rotations.
 - ``images``: rotated MNIST, O(2) ViTs (square D4, C4, D2, C1; hexagonal D6, C6, D3; coupled and
   irrep-wise attention), Platonic C4 / D4 and a timm ViT at sample ratios 0.1 and 1.0 over seeds;
   accuracy against log10(params) (the O(2) seed's Figures 4-5). ``--image-folder DIR`` adds a
@@ -361,10 +361,11 @@ def swe_error_maps(specs: dict, store: CellStore) -> str:
 
 
 def points_settings(args: argparse.Namespace) -> argparse.Namespace:
-    """The settings ``platonic_pointcloud.run_one`` reads: equal width |G| C = 240 for every group."""
-    full = dict(width=240, depth=2, mlp_ratio=2.0, points=64, train=1000, val=200, test=500, epochs=10)
-    quick = dict(full, points=32, train=300, val=60, test=100, epochs=12)
-    return argparse.Namespace(**(quick if args.quick else full), batch=32, lr=1e-3, train_rotate="none")
+    """The settings ``platonic_pointcloud.run_one`` reads (its defaults): equal width |G| C = 480 for every
+    group, trained and validated on SO(3)-rotated shapes."""
+    full = dict(width=480, depth=2, mlp_ratio=2.0, points=32, train=1000, val=200, test=500, epochs=30)
+    quick = dict(full, train=300, val=60, test=100, epochs=12)
+    return argparse.Namespace(**(quick if args.quick else full), batch=32, lr=1e-3, train_rotate="so3")
 
 
 def run_points(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
