@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.layers import DropPath
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm, RegularLayerScale
@@ -19,14 +20,18 @@ from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm, RegularLayerScal
 SCORES = ("frames", "invariant")
 
 
-class PlatonicAttention(nn.Module):
+class PlatonicAttention(DerivedCache):
     """Self-attention on regular features with frames as heads.
 
     Per frame, ``C`` channels split into ``H`` heads of ``D = C / H``. ``scores="frames"`` (the
     seed's default) runs ``|G| * H`` independent heads ``[B, |G| H, N, D]``, one attention pattern
     per frame; ``scores="invariant"`` (seed eq. 13) merges frames into the head channels,
     ``[B, H, N, |G| D]``, so each score sums the frames' scores before the softmax and one pattern
-    is shared by all frames. Rotary schemes (frame RoPE) get ``q, k [B, N, |G| H, D]``.
+    is shared by all frames. Rotary schemes (frame RoPE) get ``q, k`` stacked, ``[B, N, 2, |G| H, D]``.
+
+    The qkv projection's output rows are reordered once (cached with its dense weight) from
+    frames-major ``(G, 3, H, D)`` to ``(3, G, H, D)``: q, k and v are then plain views, as in timm,
+    and q and k are rotated together in one op.
 
     Args:
         group: the frames G.
@@ -65,6 +70,25 @@ class PlatonicAttention(nn.Module):
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.proj = GroupConvLinear(group, channels, channels, impl=impl)
         self.proj_drop = nn.Dropout(proj_drop)
+        # Row r of the qkv output in (q/k/v, frame, channel) order reads row (frame, q/k/v, channel).
+        rows = torch.arange(3 * group.order * channels).view(group.order, 3, channels).transpose(0, 1)
+        self.register_buffer("qkv_rows", rows.flatten(), persistent=False)
+
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, N, |G| C] -> [B, N, 3, |G| H, D]``: q, k, v with frames-major heads."""
+        if x.shape[-1] != self.order * self.channels:
+            raise ValueError(f"expected regular features [..., {self.order} * {self.channels}], got {list(x.shape)}")
+        lin = self.qkv
+        if lin.impl == "cayley":  # reorder the dense weight's rows once (cached while no grad is recorded)
+
+            def reorder() -> tuple[torch.Tensor, torch.Tensor | None]:
+                weight, bias = lin.dense_weight_and_bias()
+                return weight[self.qkv_rows], None if bias is None else bias[self.qkv_rows]
+
+            out = F.linear(x, *self.derived("qkv", [lin.weight, lin.bias], reorder))
+        else:
+            out = lin(x).index_select(-1, self.qkv_rows)
+        return out.unflatten(-1, (3, self.order * self.num_heads, self.head_dim))
 
     def forward(
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
@@ -72,13 +96,16 @@ class PlatonicAttention(nn.Module):
         """``x [B, N, |G| C] -> [B, N, |G| C]``."""
         B, N, _ = x.shape
         G, H, D = self.order, self.num_heads, self.head_dim
-        # Per frame the qkv channels are (3, H, D): q, k, v are strided views [B, N, G, H, D].
-        q, k, v = self.qkv(x).reshape(B, N, G, 3, H, D).unbind(3)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:  # rotates the views as they are (no copy first): [B, N, G * H, D]
-            q, k = rope.rotate_qk_tokens(q, k, num_prefix_tokens)
+        qkv = self.project_qkv(x)  # [B, N, 3, G H, D]
+        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
+            qk = qkv[:, :, :2]  # a view
+        else:
+            qk = torch.stack([self.q_norm(qkv[:, :, 0]), self.k_norm(qkv[:, :, 1])], dim=2)
+        if rope is not None:
+            qk = rope.rotate_qk_stacked(qk, num_prefix_tokens)
+        q, k, v = *qk.unbind(2), qkv[:, :, 2]  # [B, N, G H, D] each
         if self.scores == "frames":
-            q, k, v = (t.reshape(B, N, G * H, D).transpose(1, 2) for t in (q, k, v))  # [B, G H, N, D]
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, G H, N, D]
         else:  # merge frames into the head channels: [B, H, N, G D]
             q, k, v = (t.reshape(B, N, G, H, D).permute(0, 3, 1, 2, 4).reshape(B, H, N, G * D) for t in (q, k, v))
         out = self._attend(q, k, v)

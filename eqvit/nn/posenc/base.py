@@ -39,6 +39,14 @@ class PositionalScheme(nn.Module):
         q, k = self.rotate_qk(q.transpose(1, 2), k.transpose(1, 2), num_prefix_tokens)
         return q.transpose(1, 2), k.transpose(1, 2)
 
+    def rotate_qk_stacked(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """:meth:`rotate_qk_tokens` on queries and keys stacked as ``qk [B, N, 2, H, D]`` (q then k).
+
+        Schemes that can rotate both in one op override it.
+        """
+        q, k = self.rotate_qk_tokens(qk[:, :, 0], qk[:, :, 1], num_prefix_tokens)
+        return torch.stack([q, k], dim=2)
+
 
 class NoPositionalEncoding(PositionalScheme):
     """No positional information: attention is permutation equivariant."""

@@ -147,6 +147,11 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
             return _rotate_tokens(q, k, self.rotation, num_prefix_tokens)
         return _rotate_tokens(q, k, torch.stack(self.cos_sin(), dim=-1), num_prefix_tokens)
 
+    def rotate_qk_stacked(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        if self.fixed_positions and not self.learnable:
+            return _rotate_stacked(qk, self.rotation, num_prefix_tokens)
+        return _rotate_stacked(qk, torch.stack(self.cos_sin(), dim=-1), num_prefix_tokens)
+
     def rotate_qk(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,6 +173,19 @@ class BoundFrameRoPE(PositionalScheme):
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return _rotate_tokens(q, k, self.rotation, num_prefix_tokens)
+
+    def rotate_qk_stacked(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        return _rotate_stacked(qk, self.rotation, num_prefix_tokens)
+
+
+def _rotate_stacked(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """Rotate ``qk [B, N, 2, G * H, D]`` (q and k stacked) in one op; prefix tokens stay as they are.
+
+    ``rotation [..., N', G * H, D/2, 2]`` broadcasts over the q/k axis. Returns a new contiguous tensor.
+    """
+    p = num_prefix_tokens
+    turned = rotate_pairs(qk[:, p:] if p else qk, rotation.unsqueeze(-4))
+    return torch.cat([qk[:, :p], turned], dim=1) if p else turned
 
 
 def _rotate_tokens(
