@@ -223,6 +223,23 @@ def test_frame_rope_takes_unflattened_heads():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_frame_rope_rotates_stacked_qk_like_separate_q_and_k():
+    """``rotate_qk_stacked`` (one op, what Platonic attention calls) equals the base class's generic
+    default and ``rotate_qk_tokens``, for fixed and per-batch positions and with prefix tokens."""
+    from eqvit.nn.posenc.base import PositionalScheme
+
+    group = get_group("C4")
+    qk = torch.randn(2, 9, 2, group.order * 2, 6, dtype=torch.float64)
+    fixed = FrameRoPE(group, num_heads=2, head_dim=6, positions=torch.randn(7, 2)).double()
+    bound = FrameRoPE(group, num_heads=2, head_dim=6).double().bind(torch.randn(2, 9, 2, dtype=torch.float64))
+    for rope, prefix in ((fixed, 2), (bound, 0)):
+        got = rope.rotate_qk_stacked(qk, prefix)
+        torch.testing.assert_close(got, PositionalScheme.rotate_qk_stacked(rope, qk, prefix), rtol=0, atol=1e-15)
+        q, k = rope.rotate_qk_tokens(qk[:, :, 0], qk[:, :, 1], prefix)
+        torch.testing.assert_close(got, torch.stack([q, k], dim=2), rtol=0, atol=1e-15)
+        assert torch.equal(got[:, :prefix], qk[:, :prefix])
+
+
 def test_frame_rope_with_unshared_frequencies_breaks_equivariance():
     """Frequencies must be shared by all frames (seed App. B): scale them per frame and the check fails."""
     group = get_group("O")
