@@ -76,15 +76,14 @@ class PlatonicAttention(DerivedCache):
 
     def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, N, |G| C] -> [B, N, 3, |G| H, D]``: q, k, v with frames-major heads."""
-        if x.shape[-1] != self.order * self.channels:
-            raise ValueError(f"expected regular features [..., {self.order} * {self.channels}], got {list(x.shape)}")
         lin = self.qkv
         if lin.impl == "cayley":  # reorder the dense weight's rows once (cached while no grad is recorded)
 
             def reorder() -> tuple[torch.Tensor, torch.Tensor | None]:
-                weight, bias = lin.dense_weight_and_bias()
+                weight, bias = lin.gather_dense()  # uncached: only the reordered copy is kept
                 return weight[self.qkv_rows], None if bias is None else bias[self.qkv_rows]
 
+            lin.check_input(x)
             out = F.linear(x, *self.derived("qkv", [lin.weight, lin.bias], reorder))
         else:
             out = lin(x).index_select(-1, self.qkv_rows)

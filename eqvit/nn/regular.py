@@ -151,12 +151,13 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
 
     def dense_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(dense_weight(), dense_bias())`` behind one cache lookup (the Cayley forward's operands)."""
+        return self.derived("dense", [self.weight, self.bias], self.gather_dense)
 
-        def compute() -> tuple[torch.Tensor, torch.Tensor | None]:
-            bias = None if self.bias is None else self.bias.repeat(self.order)
-            return self._gather_dense_weight(), bias
-
-        return self.derived("dense", [self.weight, self.bias], compute)
+    def gather_dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`dense_weight_and_bias` computed afresh, without the cache (for callers that cache a
+        transformed copy themselves)."""
+        bias = None if self.bias is None else self.bias.repeat(self.order)
+        return self._gather_dense_weight(), bias
 
     def _gather_dense_weight(self) -> torch.Tensor:
         G, O, I = self.order, self.out_channels, self.in_channels
@@ -184,9 +185,13 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
             row += d * d
         return kernels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def check_input(self, x: torch.Tensor) -> None:
+        """ValueError unless ``x`` is ``[..., |G| * C_in]``."""
         if x.shape[-1] != self.order * self.in_channels:
             raise ValueError(f"expected regular features [..., {self.order} * {self.in_channels}], got {list(x.shape)}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         if self.impl == "cayley":
             return F.linear(x, *self.dense_weight_and_bias())
         return self.forward_fourier(x)
