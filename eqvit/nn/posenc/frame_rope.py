@@ -143,14 +143,17 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
     def rotate_qk_tokens(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fixed_positions and not self.learnable:
-            return _rotate_tokens(q, k, self.rotation, num_prefix_tokens)
-        return _rotate_tokens(q, k, torch.stack(self.cos_sin(), dim=-1), num_prefix_tokens)
+        return _rotate_tokens(q, k, self.rotation_table(), num_prefix_tokens)
 
     def rotate_qk_stacked(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        return _rotate_stacked(qk, self.rotation_table(), num_prefix_tokens)
+
+    def rotation_table(self) -> torch.Tensor:
+        """(cos, sin) per channel pair at the fixed positions, ``[N, G * H, D/2, 2]`` (the buffer when the
+        frequencies are fixed, recomputed when they are learned)."""
         if self.fixed_positions and not self.learnable:
-            return _rotate_stacked(qk, self.rotation, num_prefix_tokens)
-        return _rotate_stacked(qk, torch.stack(self.cos_sin(), dim=-1), num_prefix_tokens)
+            return self.rotation
+        return torch.stack(self.cos_sin(), dim=-1)
 
     def rotate_qk(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
@@ -183,9 +186,15 @@ def _rotate_stacked(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens:
 
     ``rotation [..., N', G * H, D/2, 2]`` broadcasts over the q/k axis. Returns a new contiguous tensor.
     """
+    return _rotate_after_prefix(qk, rotation.unsqueeze(-4), num_prefix_tokens)
+
+
+def _rotate_after_prefix(x: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """:func:`rotate_pairs` on the tokens (axis 1) after the first ``num_prefix_tokens``, which stay as they are."""
     p = num_prefix_tokens
-    turned = rotate_pairs(qk[:, p:] if p else qk, rotation.unsqueeze(-4))
-    return torch.cat([qk[:, :p], turned], dim=1) if p else turned
+    if not p:
+        return rotate_pairs(x, rotation)
+    return torch.cat([x[:, :p], rotate_pairs(x[:, p:], rotation)], dim=1)
 
 
 def _rotate_tokens(
@@ -198,11 +207,5 @@ def _rotate_tokens(
     """
     B, N, D = q.shape[0], q.shape[1], q.shape[-1]
     rotation = rotation.reshape(*rotation.shape[:-3], *q.shape[2:-1], D // 2, 2)
-    p = num_prefix_tokens
-    out = []
-    for x in (q, k):
-        turned = rotate_pairs(x[:, p:] if p else x, rotation)
-        if p:
-            turned = torch.cat([x[:, :p].contiguous(), turned], dim=1)
-        out.append(turned.reshape(B, N, -1, D))
-    return out[0], out[1]
+    q, k = (_rotate_after_prefix(x, rotation, num_prefix_tokens).reshape(B, N, -1, D) for x in (q, k))
+    return q, k
