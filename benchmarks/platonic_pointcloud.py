@@ -49,6 +49,20 @@ from eqvit.train.classify import accuracy, fit_classifier
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "platonic_pointcloud"
 GROUPS = ("trivial", "T", "O", "I")
 ORIENTATION = {"none": "upright", "so3": "SO(3)-rotated", "z": "rotated about z"}
+# What run_one reads: the command-line defaults here, and `ablate.py points` (full run) as they are.
+SETTINGS = dict(
+    width=480,
+    depth=2,
+    mlp_ratio=2.0,
+    points=32,
+    train=1000,
+    val=200,
+    test=500,
+    epochs=30,
+    batch=32,
+    lr=1e-3,
+    train_rotate="so3",
+)
 
 
 class PackedPoints(nn.Module):
@@ -197,18 +211,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", nargs="+", default=list(GROUPS), choices=list(GROUPS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--width", type=int, default=480, help="total width |G| * C (multiple of 2 |G| heads)")
-    parser.add_argument("--depth", type=int, default=2)
-    parser.add_argument("--mlp-ratio", type=float, default=2.0)
-    parser.add_argument("--points", type=int, default=32)
-    parser.add_argument("--train", type=int, default=1000)
-    parser.add_argument("--val", type=int, default=200)
-    parser.add_argument("--test", type=int, default=500)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
-        "--train-rotate", choices=sorted(ORIENTATION), default="so3", help="orientation of train and validation shapes"
+        "--width", type=int, default=SETTINGS["width"], help="total width |G| * C (multiple of 2 |G| heads)"
+    )
+    parser.add_argument("--depth", type=int, default=SETTINGS["depth"])
+    parser.add_argument("--mlp-ratio", type=float, default=SETTINGS["mlp_ratio"])
+    parser.add_argument("--points", type=int, default=SETTINGS["points"])
+    parser.add_argument("--train", type=int, default=SETTINGS["train"])
+    parser.add_argument("--val", type=int, default=SETTINGS["val"])
+    parser.add_argument("--test", type=int, default=SETTINGS["test"])
+    parser.add_argument("--epochs", type=int, default=SETTINGS["epochs"])
+    parser.add_argument("--batch", type=int, default=SETTINGS["batch"])
+    parser.add_argument("--lr", type=float, default=SETTINGS["lr"])
+    parser.add_argument(
+        "--train-rotate",
+        choices=sorted(ORIENTATION),
+        default=SETTINGS["train_rotate"],
+        help="orientation of train and validation shapes",
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="CI-sized: 2 seeds, tiny data, 2 epochs")
