@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import randomise
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import eqvit
@@ -71,11 +72,31 @@ def test_group_conv_cayley_and_fourier_forms_agree(name):
 
 @pytest.mark.parametrize("name", GROUPS)
 @pytest.mark.parametrize("impl", ["cayley", "fourier"])
-def test_group_conv_is_equivariant(name, impl):
+@pytest.mark.parametrize("rows", [1, 3])  # the Cayley form gathers input windows for 1 row (2 * 1 < 6)
+def test_group_conv_is_equivariant(name, impl, rows):
     group = get_group(name)
     layer = randomise_(GroupConvLinear(group, 4, 6, impl=impl).double())
-    x = torch.randn(3, group.order * 4, dtype=torch.float64)
+    x = torch.randn(rows, group.order * 4, dtype=torch.float64)
     assert max_frame_error(group, layer, x) < 1e-12
+
+
+@pytest.mark.parametrize("name", GROUPS)
+def test_group_conv_input_windows_match_the_dense_matrix(name):
+    """Few rows take the gathered-input form; values and gradients equal the dense matrix product."""
+    group = get_group(name)
+    torch.manual_seed(1)
+    layer = randomise_(GroupConvLinear(group, 5, 12, impl="cayley").double())
+    x = torch.randn(2, 2, group.order * 5, dtype=torch.float64, requires_grad=True)  # 4 rows: 2 * 4 < 12
+    dense, bias = layer.gather_dense()
+    reference = F.linear(x, dense, bias)
+    out = layer(x)
+    torch.testing.assert_close(out, layer.forward_windows(x), rtol=0, atol=0)
+    torch.testing.assert_close(out, reference, rtol=1e-12, atol=1e-12)
+    seed = torch.randn_like(out)
+    grads = torch.autograd.grad((out * seed).sum(), [x, layer.weight, layer.bias])
+    expected = torch.autograd.grad((reference * seed).sum(), [x, layer.weight, layer.bias])
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_group_conv_dense_weight_blocks_follow_the_seed():
@@ -224,20 +245,60 @@ def test_frame_rope_takes_unflattened_heads():
 
 
 def test_frame_rope_rotates_stacked_qk_like_separate_q_and_k():
-    """``rotate_qk_stacked`` (one op, what Platonic attention calls) equals the base class's generic
-    default and ``rotate_qk_tokens``, for fixed and per-batch positions and with prefix tokens."""
+    """``rotate_qk_stacked_`` (in place, one op: what Platonic attention calls) equals the base
+    class's generic default and ``rotate_qk_tokens``, for fixed and per-batch positions, with prefix
+    tokens, on a strided view into a fused qkv tensor and in reduced precision."""
     from eqvit.nn.posenc.base import PositionalScheme
 
     group = get_group("C4")
-    qk = torch.randn(2, 9, 2, group.order * 2, 6, dtype=torch.float64)
+    qkv = torch.randn(2, 9, 3, group.order * 2, 6, dtype=torch.float64)
     fixed = FrameRoPE(group, num_heads=2, head_dim=6, positions=torch.randn(7, 2)).double()
     bound = FrameRoPE(group, num_heads=2, head_dim=6).double().bind(torch.randn(2, 9, 2, dtype=torch.float64))
     for rope, prefix in ((fixed, 2), (bound, 0)):
-        got = rope.rotate_qk_stacked(qk, prefix)
-        torch.testing.assert_close(got, PositionalScheme.rotate_qk_stacked(rope, qk, prefix), rtol=0, atol=1e-15)
+        qk = qkv[:, :, :2]  # q and k: a strided view
+        fused = qkv.clone()
+        got = rope.rotate_qk_stacked_(fused[:, :, :2], prefix)
+        assert got.data_ptr() == fused.data_ptr()  # rotated where it lies
+        assert torch.equal(fused[:, :, 2], qkv[:, :, 2])  # v untouched
+        generic = PositionalScheme.rotate_qk_stacked_(rope, qk.clone(), prefix)
+        torch.testing.assert_close(got, generic, rtol=0, atol=1e-15)
         q, k = rope.rotate_qk_tokens(qk[:, :, 0], qk[:, :, 1], prefix)
         torch.testing.assert_close(got, torch.stack([q, k], dim=2), rtol=0, atol=1e-15)
         assert torch.equal(got[:, :prefix], qk[:, :prefix])
+        assert not torch.allclose(got[:, prefix:], qk[:, prefix:])
+    expected = fixed.rotate_qk_stacked_(qkv[:, :, :2].clone(), 2)
+    half = fixed.float().rotate_qk_stacked_(qkv[:, :, :2].bfloat16(), 2)  # rotated in float32, copied back
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_platonic_attention_rotates_in_place_with_correct_gradients():
+    """The in-place rotation of q, k inside the fused projection gives the same outputs and input
+    gradients as rotating copies (the generic scheme path)."""
+    from eqvit.nn.platonic import PlatonicAttention
+    from eqvit.nn.posenc.base import PositionalScheme
+
+    group = get_group("D4")
+    torch.manual_seed(0)
+    attn = randomise_(PlatonicAttention(group, channels=8, num_heads=2).double())
+    rope = FrameRoPE(group, num_heads=2, head_dim=4, positions=torch.randn(6, 2)).double()
+    x = torch.randn(2, 7, group.order * 8, dtype=torch.float64, requires_grad=True)
+    out = attn(x, rope, num_prefix_tokens=1)
+    seed = torch.randn_like(out)
+    (grad,) = torch.autograd.grad((out * seed).sum(), x)
+
+    class Copying(PositionalScheme):  # the generic default: rotate copies, then write them back
+        is_rotary = True
+
+        def rotate_qk_tokens(self, q, k, num_prefix_tokens=0):
+            return rope.rotate_qk_tokens(q, k, num_prefix_tokens)
+
+    ref = attn(x, Copying(), num_prefix_tokens=1)
+    (ref_grad,) = torch.autograd.grad((ref * seed).sum(), x)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-12)
+    unrotated = attn(x, None, num_prefix_tokens=1)
+    assert not torch.allclose(out, unrotated)
 
 
 def test_frame_rope_with_unshared_frequencies_breaks_equivariance():

@@ -27,7 +27,8 @@ class PlatonicAttention(DerivedCache):
     seed's default) runs ``|G| * H`` independent heads ``[B, |G| H, N, D]``, one attention pattern
     per frame; ``scores="invariant"`` (seed eq. 13) merges frames into the head channels,
     ``[B, H, N, |G| D]``, so each score sums the frames' scores before the softmax and one pattern
-    is shared by all frames. Rotary schemes (frame RoPE) get ``q, k`` stacked, ``[B, N, 2, |G| H, D]``.
+    is shared by all frames. Rotary schemes (frame RoPE) rotate ``q, k`` stacked, ``[B, N, 2, |G| H, D]``,
+    in place.
 
     The qkv projection's output rows are reordered once (cached with its dense weight) from
     frames-major ``(G, 3, H, D)`` to ``(3, G, H, D)``: q, k and v are then plain views, as in timm,
@@ -100,8 +101,8 @@ class PlatonicAttention(DerivedCache):
             qk = qkv[:, :, :2]  # a view
         else:
             qk = torch.stack([self.q_norm(qkv[:, :, 0]), self.k_norm(qkv[:, :, 1])], dim=2)
-        if rope is not None:
-            qk = rope.rotate_qk_stacked(qk, num_prefix_tokens)
+        if rope is not None:  # in place: qkv is this layer's own fresh projection
+            qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
         q, k, v = *qk.unbind(2), qkv[:, :, 2]  # [B, N, G H, D] each
         if self.scores == "frames":
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, G H, N, D]

@@ -87,6 +87,9 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
     same size) and a bias shared over frames. Two exact implementations:
 
     - ``"cayley"``: gather the ``[|G| C_out, |G| C_in]`` matrix through the Cayley table, one GEMM;
+      With few input rows (``2 * rows < C_out``, e.g. a pooled readout) it gathers the ``|G|``
+      frame windows of the input instead, ``y(R) = [W(u)]_u [f(R u)]_u``: the same products
+      without materialising the ``|G|`` times larger matrix;
     - ``"fourier"``: transform the frame axis with the irreps, apply ``W_hat(rho) = sum_h rho(h) x W(h)``
       per irrep (``sum dim^3`` instead of ``|G|^2`` multiply-adds per channel pair), transform back.
 
@@ -117,6 +120,8 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
         # kernel_index[r, s] = index of R_r^-1 R_s: which kernel value sits in block (r, s).
         kernel_index = group.cayley[group.inverse[:, None], np.arange(G)[None, :]]
         self.register_buffer("kernel_index", torch.from_numpy(kernel_index), persistent=False)
+        # frame_windows[r, u] = index of R_r u: the frames that frame r's output reads through W(u).
+        self.register_buffer("frame_windows", torch.from_numpy(group.cayley.copy()), persistent=False)
         transform, inverse, dims = _fourier_matrices(group)
         self.irrep_dims = dims
         # Float64 masters, so a float64 equivariance check sees exact transforms after .float().double().
@@ -192,9 +197,24 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        if self.impl == "cayley":
-            return F.linear(x, *self.dense_weight_and_bias())
-        return self.forward_fourier(x)
+        if self.impl == "fourier":
+            return self.forward_fourier(x)
+        if 2 * (x.numel() // x.shape[-1]) < self.out_channels:
+            return self.forward_windows(x)
+        return F.linear(x, *self.dense_weight_and_bias())
+
+    def forward_windows(self, x: torch.Tensor) -> torch.Tensor:
+        """The Cayley form with the input gathered instead of the weight: ``[..., |G|, |G| C_in]``
+        windows ``[f(R_r u)]_u`` times the kernel ``[C_out, |G| C_in]``. It moves ``rows * |G|^2 C_in``
+        numbers instead of the dense matrix's ``|G|^2 C_in C_out``, so it wins for few rows."""
+        G, I = self.order, self.in_channels
+        windows = x.unflatten(-1, (G, I))[..., self.frame_windows, :].flatten(-2)
+        return F.linear(windows, self.kernel_matrix(), self.bias).flatten(-2)
+
+    def kernel_matrix(self) -> torch.Tensor:
+        """The kernel as one matrix ``[C_out, |G| C_in]``: column block u is ``W(u)``."""
+        O, I = self.out_channels, self.in_channels
+        return self.derived("kernel", [self.weight], lambda: self.weight.transpose(0, 1).reshape(O, self.order * I))
 
     def forward_fourier(self, x: torch.Tensor) -> torch.Tensor:
         """The Fourier-domain form: ``f_hat(rho) = sum_g f(g) rho(g)``, ``y_hat = f_hat W_hat``, back."""

@@ -39,13 +39,14 @@ class PositionalScheme(nn.Module):
         q, k = self.rotate_qk(q.transpose(1, 2), k.transpose(1, 2), num_prefix_tokens)
         return q.transpose(1, 2), k.transpose(1, 2)
 
-    def rotate_qk_stacked(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
-        """:meth:`rotate_qk_tokens` on queries and keys stacked as ``qk [B, N, 2, H, D]`` (q then k).
+    def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """:meth:`rotate_qk_tokens` in place on queries and keys stacked as ``qk [B, N, 2, H, D]``
+        (q then k; typically a view into the attention's own fused qkv output). Returns ``qk``.
 
-        Schemes that can rotate both in one op override it.
+        Schemes that can rotate both in one op, without a copy, override it.
         """
         q, k = self.rotate_qk_tokens(qk[:, :, 0], qk[:, :, 1], num_prefix_tokens)
-        return torch.stack([q, k], dim=2)
+        return qk.copy_(torch.stack([q, k], dim=2))
 
 
 class NoPositionalEncoding(PositionalScheme):

@@ -60,6 +60,20 @@ def rotate_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(turned).flatten(-2).to(dtype)
 
 
+def rotate_pairs_(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate_pairs` in place; returns ``x``.
+
+    A float32 / float64 ``x`` whose pairs can be viewed as complex numbers (even strides, such as
+    q and k inside a fused qkv output) is multiplied in place: no new tensor, and q, k, v keep
+    sharing one storage. Other inputs (reduced precision) are rotated out of place and copied back.
+    """
+    complex_view = x.dtype in (torch.float32, torch.float64) and x.stride(-1) == 1
+    if complex_view and all(s % 2 == 0 for s in x.stride()[:-1]):
+        torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(torch.view_as_complex(rotation.to(x.dtype)))
+        return x
+    return x.copy_(rotate_pairs(x, rotation))
+
+
 class FrameRoPE(ExactBuffers, PositionalScheme):
     """RoPE with positions seen from every frame of ``group``; frames act as extra heads.
 
@@ -145,8 +159,8 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return _rotate_tokens(q, k, self.rotation_table(), num_prefix_tokens)
 
-    def rotate_qk_stacked(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
-        return _rotate_stacked(qk, self.rotation_table(), num_prefix_tokens)
+    def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        return _rotate_stacked_(qk, self.rotation_table(), num_prefix_tokens)
 
     def rotation_table(self) -> torch.Tensor:
         """(cos, sin) per channel pair at the fixed positions, ``[N, G * H, D/2, 2]`` (the buffer when the
@@ -177,16 +191,15 @@ class BoundFrameRoPE(PositionalScheme):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return _rotate_tokens(q, k, self.rotation, num_prefix_tokens)
 
-    def rotate_qk_stacked(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
-        return _rotate_stacked(qk, self.rotation, num_prefix_tokens)
+    def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        return _rotate_stacked_(qk, self.rotation, num_prefix_tokens)
 
 
-def _rotate_stacked(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-    """Rotate ``qk [B, N, 2, G * H, D]`` (q and k stacked) in one op; prefix tokens stay as they are.
-
-    ``rotation [..., N', G * H, D/2, 2]`` broadcasts over the q/k axis. Returns a new contiguous tensor.
-    """
-    return _rotate_after_prefix(qk, rotation.unsqueeze(-4), num_prefix_tokens)
+def _rotate_stacked_(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """Rotate ``qk [B, N, 2, G * H, D]`` (q and k stacked) in place in one op; prefix tokens stay as
+    they are. ``rotation [..., N', G * H, D/2, 2]`` broadcasts over the q/k axis. Returns ``qk``."""
+    rotate_pairs_(qk[:, num_prefix_tokens:], rotation.unsqueeze(-4))
+    return qk
 
 
 def _rotate_after_prefix(x: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
