@@ -18,7 +18,8 @@ token (ours has none):
   :class:`~eqvit.nn.tokenizers.icosphere.IcosphereUnpatchify`.
 
 Forward time: float32, CPU, ``eval()``, ``torch.no_grad``, batch 1 and 16; the two models of a
-pair run alternately inside one loop (order swapped every round), and the table gives the median
+pair run alternately inside one loop (order swapped every round; at least ``--repeats`` rounds and
+enough to fill ``--min-seconds`` per pair, so millisecond cases get hundreds), and the table gives the median
 of each and the median of the per-round ratios ours / timm (issue target <= 1.15), with the load
 average (``os.getloadavg``) before and after. FLOPs come from ``FlopCounterMode`` with the
 explicit-softmax attention path (the CPU SDPA kernel is not counted by it), parameters from
@@ -49,6 +50,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
@@ -225,19 +227,29 @@ def flops(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
 
 
 def interleaved(
-    fns: list[Callable[[], Any]], repeats: int, warmup: int = 1, device: torch.device | None = None
+    fns: list[Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    device: torch.device | None = None,
+    min_seconds: float = 0.0,
 ) -> list[list[float]]:
-    """Seconds of each function ``repeats`` times, alternating between them (order rotated every round).
+    """Seconds of each function, alternating between them (order rotated every round).
 
-    On CUDA each call is timed with CUDA events (after a synchronize), on the CPU with ``perf_counter``.
+    At least ``repeats`` rounds, and for fast functions as many as fill ``min_seconds`` (estimated from
+    the last warm-up round), so that millisecond cases get enough samples to see past the noise of a
+    shared machine. On CUDA each call is timed with CUDA events (after a synchronize), on the CPU with
+    ``perf_counter``.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
+    round_s = 0.0
     for fn in fns:
-        for _ in range(warmup):
-            fn()
+        for _ in range(max(warmup, 1)):
+            last = _device.time_ms(fn, device) / 1e3
+        round_s += last
+    rounds = max(repeats, math.ceil(min_seconds / max(round_s, 1e-9)))
     _device.sync(device)
     times: list[list[float]] = [[] for _ in fns]
-    for r in range(repeats):
+    for r in range(rounds):
         order = list(range(len(fns)))
         if r % 2:
             order.reverse()
@@ -266,7 +278,13 @@ def forward_peak_mb(fn: Callable[[], Any]) -> float | None:
 
 
 def compare(
-    name: str, ours: nn.Module, ref: nn.Module, inputs: tuple[torch.Tensor, ...], batch: int, repeats: int
+    name: str,
+    ours: nn.Module,
+    ref: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    batch: int,
+    repeats: int,
+    min_seconds: float = 0.0,
 ) -> dict[str, Any]:
     ours, inputs = _on_device(ours.eval(), inputs)
     ref = ref.to(DEVICE).eval()
@@ -284,7 +302,9 @@ def compare(
 
     load_before = os.getloadavg()[0]
     with torch.no_grad():
-        t_ours, t_ref = interleaved([run("ours", ours), run("timm", ref)], repeats, device=DEVICE)
+        t_ours, t_ref = interleaved(
+            [run("ours", ours), run("timm", ref)], repeats, warmup=2, device=DEVICE, min_seconds=min_seconds
+        )
         peak = {who: forward_peak_mb(run(who, m)) for who, m in (("ours", ours), ("timm", ref))}
     load_after = os.getloadavg()[0]
     G, H, D = total_heads(ours)
@@ -308,7 +328,7 @@ def compare(
         "timm_params": count_params(ref),
         "ours_gflops": flops(ours, inputs) / 1e9,
         "timm_gflops": flops(ref, inputs) / 1e9,
-        "repeats": repeats,
+        "repeats": len(t_ours),
         "loadavg": [round(load_before, 2), round(load_after, 2)],
     }
     if DEVICE.type == "cuda":
@@ -414,6 +434,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=9, help="timed rounds per pair at batch 1")
     parser.add_argument("--big-repeats", type=int, default=5, help="timed rounds per pair at batch > 1")
+    parser.add_argument(
+        "--min-seconds", type=float, default=3.0, help="more rounds for fast pairs: at least this long per pair"
+    )
     parser.add_argument("--points", type=int, default=256)
     parser.add_argument("--point-groups", nargs="+", default=["trivial", "T", "O", "I"])
     parser.add_argument("--image-groups", nargs="+", default=["C4", "D4"])
@@ -434,7 +457,7 @@ def main() -> None:
     if DEVICE.type == "cuda":
         print(f"flash SDPA on the models' attention shapes: {flash_shapes['flash']}", flush=True)
     if args.quick:
-        args.batches, args.repeats, args.big_repeats, args.points = [1], 3, 2, 64
+        args.batches, args.repeats, args.big_repeats, args.points, args.min_seconds = [1], 3, 2, 64, 0.0
         args.point_groups, args.image_groups = ["trivial", "O"], ["D4"]
         args.micro_groups, args.micro_channels, args.micro_tokens, args.micro_repeats = ["O"], [4, 16], 256, 3
         if args.out == str(DEFAULT_OUT):
@@ -446,15 +469,17 @@ def main() -> None:
         reps = args.repeats if batch == 1 else args.big_repeats
         if "points" not in args.skip:
             for g in args.point_groups:
-                rows.append(compare(f"points N={args.points} {g}", *point_case(g, batch, args.points), batch, reps))
+                case = point_case(g, batch, args.points)
+                rows.append(compare(f"points N={args.points} {g}", *case, batch, reps, args.min_seconds))
         if "images" not in args.skip:
             for img, patch in ((32, 4), (224, 16)):
                 if args.quick and img > 32:
                     continue
                 for g in args.image_groups:
-                    rows.append(compare(f"image {img}/{patch} {g}", *image_case(g, batch, img, patch), batch, reps))
+                    case = image_case(g, batch, img, patch)
+                    rows.append(compare(f"image {img}/{patch} {g}", *case, batch, reps, args.min_seconds))
         if "sphere" not in args.skip and not args.quick:
-            rows.append(compare("sphere 4x128 I", *sphere_case("I", batch), batch, reps))
+            rows.append(compare("sphere 4x128 I", *sphere_case("I", batch), batch, reps, args.min_seconds))
     micro = []
     thresholds = {}
     if "micro" not in args.skip:
