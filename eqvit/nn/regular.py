@@ -120,8 +120,8 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
         # kernel_index[r, s] = index of R_r^-1 R_s: which kernel value sits in block (r, s).
         kernel_index = group.cayley[group.inverse[:, None], np.arange(G)[None, :]]
         self.register_buffer("kernel_index", torch.from_numpy(kernel_index), persistent=False)
-        # frame_windows[r, u] = index of R_r u: the frames that frame r's output reads through W(u).
-        self.register_buffer("frame_windows", torch.from_numpy(group.cayley.copy()), persistent=False)
+        # frame_windows[r * |G| + u] = index of R_r u: the frames that frame r's output reads through W(u).
+        self.register_buffer("frame_windows", torch.from_numpy(group.cayley.flatten()), persistent=False)
         transform, inverse, dims = _fourier_matrices(group)
         self.irrep_dims = dims
         # Float64 masters, so a float64 equivariance check sees exact transforms after .float().double().
@@ -208,8 +208,8 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
         windows ``[f(R_r u)]_u`` times the kernel ``[C_out, |G| C_in]``. It moves ``rows * |G|^2 C_in``
         numbers instead of the dense matrix's ``|G|^2 C_in C_out``, so it wins for few rows."""
         G, I = self.order, self.in_channels
-        windows = x.unflatten(-1, (G, I))[..., self.frame_windows, :].flatten(-2)
-        return F.linear(windows, self.kernel_matrix(), self.bias).flatten(-2)
+        windows = x.unflatten(-1, (G, I)).index_select(-2, self.frame_windows)  # [..., G G, C_in]
+        return F.linear(windows.reshape(*x.shape[:-1], G, G * I), self.kernel_matrix(), self.bias).flatten(-2)
 
     def kernel_matrix(self) -> torch.Tensor:
         """The kernel as one matrix ``[C_out, |G| C_in]``: column block u is ``W(u)``."""
