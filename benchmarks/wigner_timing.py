@@ -1,10 +1,12 @@
 """Time the real Wigner-D matrices of eqvit.groups.so3 on a batch of random poses.
 
-Times ``wigner_D_blocks(L, R)`` (the SO(3)-RoPE operator, all degrees at once) and ``wigner_D(l, R)`` for
-each l <= L: warm-up calls first (they also build the cached constants), then the median and minimum
-of ``--repeats`` timed calls. Prints a table and writes JSON. Runs on CUDA when present (``--device``
-chooses; each timed call is followed by ``torch.cuda.synchronize``); the Wigner-D recursion keeps its
-own float64 internals on every device, ``--dtype`` is the dtype of the poses and the result.
+Times ``wigner_D_blocks(L, R)`` (the SO(3)-RoPE operator, all degrees at once as one dense block-diagonal
+matrix), ``wigner_D_list(L, R)`` (all degrees from the same single pass, one tensor per degree) and
+``wigner_D(l, R)`` for each l <= L: warm-up calls first (they also build the cached constants), then
+the median and minimum of ``--repeats`` timed calls. Prints a table and writes JSON. Runs on CUDA when
+present (``--device`` chooses; each timed call is followed by ``torch.cuda.synchronize``); the Wigner-D
+recursion keeps its own float64 internals on every device, ``--dtype`` is the dtype of the poses and the
+result.
 
     python benchmarks/wigner_timing.py                      # 960 float32 poses, L = 7, CUDA if present
     python benchmarks/wigner_timing.py --device cpu         # force the CPU
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from eqvit.groups.so3 import random_rotations, wigner_D, wigner_D_blocks
+from eqvit.groups.so3 import random_rotations, wigner_D, wigner_D_blocks, wigner_D_list
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _device, also when run through `eqvit bench`
 
@@ -97,13 +99,16 @@ def main(argv: list[str] | None = None) -> dict:
     generator = torch.Generator().manual_seed(args.seed)
     R = random_rotations(args.n, generator=generator, dtype=dtype).to(device)
 
-    entries = [(f"wigner_D_blocks(L={args.L})", lambda: wigner_D_blocks(args.L, R))]
+    entries = [
+        (f"wigner_D_blocks(L={args.L})", lambda: wigner_D_blocks(args.L, R)),
+        (f"wigner_D_list(L={args.L})", lambda: wigner_D_list(args.L, R)),
+    ]
     entries += [(f"wigner_D(l={l})", lambda l=l: wigner_D(l, R)) for l in range(args.L + 1)]
     rows = []
     for name, fn in entries:
         stats = time_call(fn, args.repeats, args.warmup, device)
         rows.append({"name": name, **stats, "us_per_pose": 1e3 * stats["median_ms"] / args.n})
-    per_l_total = sum(r["median_ms"] for r in rows[1:])
+    per_l_total = sum(r["median_ms"] for r in rows[2:])
 
     print(f"{args.n} {args.dtype} poses on {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"{'call':<24} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'us/pose':>8} {'cpu med':>8} {'cpu min':>8}")

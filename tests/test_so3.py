@@ -25,6 +25,7 @@ from eqvit.groups.so3 import (
     spherical_harmonics,
     wigner_D,
     wigner_D_blocks,
+    wigner_D_list,
 )
 
 F64 = torch.float64
@@ -399,13 +400,30 @@ def test_blocks(L: int, dtype: DType) -> None:
     assert (dd @ dd.transpose(-1, -2) - torch.eye((L + 1) ** 2, dtype=F64)).abs().max() < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("L", [0, 1, 2, 7])
+@pytest.mark.parametrize("batch", [(4,), (2, 3), (0,)], ids=str)
+def test_list_holds_every_degree(L: int, dtype: DType, batch: tuple[int, ...]) -> None:
+    """``wigner_D_list(L, R)[l]`` is ``wigner_D(l, R)`` and the blocks of ``wigner_D_blocks(L, R)``."""
+    R = random_rotations(math.prod(batch), generator=gen(27), dtype=dtype).reshape(batch + (3, 3))
+    Ds = wigner_D_list(L, R)
+    assert len(Ds) == L + 1
+    B = wigner_D_blocks(L, R)
+    for l, D in enumerate(Ds):
+        assert D.dtype == dtype and D.shape == batch + (2 * l + 1, 2 * l + 1)
+        assert torch.equal(D, wigner_D(l, R))
+        assert torch.equal(D, B[..., l * l : (l + 1) ** 2, l * l : (l + 1) ** 2])
+
+
 def test_chunked_batches_match(monkeypatch: pytest.MonkeyPatch) -> None:
     # huge batches are processed in chunks; force chunks of one or two poses
     R = random_rotations(5, generator=gen(43))
-    whole = wigner_D(6, R), wigner_D_blocks(6, R)
+    whole = wigner_D(6, R), wigner_D_blocks(6, R), wigner_D_list(6, R)
     monkeypatch.setattr(so3_module, "_CHUNK_BYTES", 1)
     assert (wigner_D(6, R) - whole[0]).abs().max() < 1e-14
     assert (wigner_D_blocks(6, R) - whole[1]).abs().max() < 1e-14
+    for chunked, one_pass in zip(wigner_D_list(6, R), whole[2]):
+        assert (chunked - one_pass).abs().max() < 1e-14
 
 
 def test_outputs_are_fresh_copies() -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "spherical_harmonics",
     "wigner_D",
     "wigner_D_blocks",
+    "wigner_D_list",
 ]
 
 # (x, y, z) -> (y, z, x): the real l = 1 basis in the order m = -1, 0, 1.
@@ -323,6 +324,24 @@ def wigner_D(l: int, R: Tensor) -> Tensor:
     for start, stop, Ds in _higher_degrees(l, flat):
         out[start:stop] = Ds[-1].to(R.dtype).permute(2, 0, 1)  # cast while contiguous, then poses to the front
     return out.reshape(R.shape[:-2] + (d, d))
+
+
+def wigner_D_list(L: int, R: Tensor) -> list[Tensor]:
+    """Every degree up to ``L`` from one pass of the recurrence: ``R [..., 3, 3] -> [D^0, ..., D^L]``,
+    ``D^l [..., 2l+1, 2l+1]`` in R's dtype and device (``[l] == wigner_D(l, R)``).
+
+    For consumers that apply the degrees block by block; :func:`wigner_D_blocks` assembles them into one
+    dense block-diagonal matrix instead, which for L = 7 is mostly the 83% of zeros around the blocks.
+    """
+    L = _check_degree(L, "L")
+    _check_rotations(R)
+    flat = R.reshape(-1, 3, 3)
+    low = [_wigner_D_low(l, flat) for l in range(min(L, 1) + 1)]
+    high = [torch.empty((flat.shape[0], 2 * l + 1, 2 * l + 1), dtype=R.dtype, device=R.device) for l in range(2, L + 1)]
+    for start, stop, Ds in _higher_degrees(L, flat):
+        for out, D in zip(high, Ds):
+            out[start:stop] = D.to(R.dtype).permute(2, 0, 1)  # cast while contiguous, then poses to the front
+    return [D.reshape(R.shape[:-2] + D.shape[-2:]) for D in low + high]
 
 
 def wigner_D_blocks(L: int, R: Tensor) -> Tensor:
