@@ -302,6 +302,18 @@ def _higher_degrees(L: int, R: Tensor) -> Iterator[tuple[int, int, list[Tensor]]
         yield start, start + M, Ds
 
 
+def _poses_first(flat: Tensor, degrees: list[int], dtype: torch.dtype) -> list[Tensor]:
+    """``D^l [M, 2l+1, 2l+1]`` in ``dtype`` for each of ``degrees`` (all >= 2) of the poses ``flat [M, 3, 3]``,
+    from one pass of the recurrence up to the highest."""
+    outs = [torch.empty((flat.shape[0], 2 * l + 1, 2 * l + 1), dtype=dtype, device=flat.device) for l in degrees]
+    if not degrees:
+        return outs
+    for start, stop, Ds in _higher_degrees(max(degrees), flat):
+        for out, l in zip(outs, degrees):
+            out[start:stop] = Ds[l - 2].to(dtype).permute(2, 0, 1)  # cast while contiguous, then poses to the front
+    return outs
+
+
 # ----------------------------------------------------------------------------------------------------
 # public API: Wigner-D
 
@@ -318,12 +330,8 @@ def wigner_D(l: int, R: Tensor) -> Tensor:
     _check_rotations(R)
     if l <= 1:
         return _wigner_D_low(l, R)
-    flat = R.reshape(-1, 3, 3)
-    d = 2 * l + 1
-    out = torch.empty((flat.shape[0], d, d), dtype=R.dtype, device=R.device)
-    for start, stop, Ds in _higher_degrees(l, flat):
-        out[start:stop] = Ds[-1].to(R.dtype).permute(2, 0, 1)  # cast while contiguous, then poses to the front
-    return out.reshape(R.shape[:-2] + (d, d))
+    (out,) = _poses_first(R.reshape(-1, 3, 3), [l], R.dtype)
+    return out.reshape(R.shape[:-2] + out.shape[-2:])
 
 
 def wigner_D_list(L: int, R: Tensor) -> list[Tensor]:
@@ -337,10 +345,7 @@ def wigner_D_list(L: int, R: Tensor) -> list[Tensor]:
     _check_rotations(R)
     flat = R.reshape(-1, 3, 3)
     low = [_wigner_D_low(l, flat) for l in range(min(L, 1) + 1)]
-    high = [torch.empty((flat.shape[0], 2 * l + 1, 2 * l + 1), dtype=R.dtype, device=R.device) for l in range(2, L + 1)]
-    for start, stop, Ds in _higher_degrees(L, flat):
-        for out, D in zip(high, Ds):
-            out[start:stop] = D.to(R.dtype).permute(2, 0, 1)  # cast while contiguous, then poses to the front
+    high = _poses_first(flat, list(range(2, L + 1)), R.dtype)
     return [D.reshape(R.shape[:-2] + D.shape[-2:]) for D in low + high]
 
 
