@@ -654,3 +654,56 @@ def test_layer_norm_matches_reference_with_gradients_and_eps():
             norm(x)
             norm.eps = 0.5
             torch.testing.assert_close(norm(x), norm.forward_reference(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("center", [None, np.array([0, 3, 5, 9])], ids=["trivial", "restricted"])
+def test_reflected_normalize_and_fold_equal_the_norm(center):
+    """``F.linear(norm.normalize(x), *norm.fold(W, b)) == F.linear(norm(x), W, b)``, values and gradients."""
+    G = get_group("D4")
+    V = FeatureType(G, [2, 1, 3, 1, 2])
+    norm = randomise_(IrrepLayerNorm(V, center=center)).double()
+    W = torch.randn(7, V.dim, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(4, 3, V.dim, dtype=torch.float64, requires_grad=True)
+    y_ref = F.linear(norm(x + 0.5), W, b)
+    y = F.linear(norm.normalize(x + 0.5), *norm.fold(W, b))
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-12)
+    params = [x, W, b, *norm.parameters()]
+    for a, c in zip(_grads(y, params), _grads(y_ref, params)):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-10)
+    # normalize is the reflection of the centred, scaled token: layer_norm sees no other mean
+    H = torch.eye(V.dim, dtype=torch.float64) - 2 * torch.outer(norm.reflect_row, norm.reflect_row)
+    z = x - (x @ norm.center_weights)[..., None] * norm.center_mask
+    torch.testing.assert_close(norm.normalize(x), (z / z.square().mean(-1, keepdim=True).add(norm.eps).sqrt()) @ H)
+
+
+def test_reflection_is_identity_when_every_coordinate_is_centred():
+    V = FeatureType.regular(get_group("C1"), 4)
+    norm = randomise_(IrrepLayerNorm(V)).double()
+    assert norm.reflect_row.abs().max() == 0
+    x = torch.randn(3, V.dim, dtype=torch.float64)
+    torch.testing.assert_close(F.linear(norm.normalize(x), *norm.fold(torch.eye(V.dim, dtype=torch.float64), None)), norm(x))
+
+
+@pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
+def test_block_layers_read_their_norm_like_the_plain_composition(layout):
+    from eqvit.nn.irrep_blocks import IrrepMlp
+
+    G = get_group("D4")
+    V = FeatureType.regular(G, 3)
+    heads = coupled_heads(V, 3) if layout == "coupled" else irrepwise_heads(V, 3)
+    attn = randomise_(IrrepAttention(V, heads)).double()
+    mlp = randomise_(IrrepMlp(V, FourierActivation.from_spaces(G, [("regular", 2)]))).double()
+    norm = randomise_(IrrepLayerNorm(V)).double()
+    x = torch.randn(2, 5, V.dim, dtype=torch.float64, requires_grad=True)
+    for layer in (attn, mlp):
+        y, y_ref = layer(x, norm=norm), layer(norm(x))
+        torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-11)
+        params = [x, *layer.parameters(), *norm.parameters()]
+        for a, c in zip(_grads(y, params), _grads(y_ref, params)):
+            torch.testing.assert_close(a, c, rtol=0, atol=1e-10)
+        with torch.no_grad():  # the folded weights are cached, and a changed norm is noticed
+            first = layer(x, norm=norm)
+            norm.weight.mul_(1.5)
+            torch.testing.assert_close(layer(x, norm=norm), layer(norm(x)), rtol=0, atol=1e-11)
+            assert rel_err(layer(x, norm=norm), first) > 1e-3

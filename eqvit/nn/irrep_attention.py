@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.norm import IrrepLayerNorm
 
 ATTENTION_LAYOUTS = ("coupled", "irrepwise")
 
@@ -155,10 +156,31 @@ class IrrepAttention(DerivedCache):
 
         return self.derived("fused", [t for lin in lins for t in lin.leaves()], compute)
 
-    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+    def fused_weights_after(
+        self, norm: IrrepLayerNorm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:meth:`fused_weights` with ``norm``'s reflection and affine folded into qkv (:meth:`IrrepLayerNorm.fold`)."""
+        lins = [self._modules[name] for name in ("q", "k", "v", "proj")]
+        sources = [t for lin in lins for t in lin.leaves()] + [norm.weight, norm.bias]
+
+        def compute():
+            qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
+            return (*norm.fold(qkv_w, qkv_b), proj_w, proj_b)
+
+        return self.derived("fused_after_norm", sources, compute)
+
+    def forward(
+        self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0, norm: IrrepLayerNorm | None = None
+    ) -> torch.Tensor:
+        """``x [B, N, dim] -> [B, N, dim]``; with ``norm``, ``attn(norm(x))`` computed as
+        ``F.linear(norm.normalize(x), folded qkv)`` (one ``F.layer_norm``, no affine)."""
         if rope is not None:
             raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
-        qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
+        if norm is None:
+            qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
+        else:
+            qkv_w, qkv_b, proj_w, proj_b = self.fused_weights_after(norm)
+            x = norm.normalize(x)
         B, N = x.shape[:2]
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
         if len(self._groups) == 1:  # all heads of one size (coupled): one reshape, like timm

@@ -44,8 +44,25 @@ class IrrepMlp(DerivedCache):
 
         return self.derived("folded", fc1.leaves() + fc2.leaves(), compute)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w1, b1, w2, b2 = self.folded_weights()
+    def folded_weights_after(
+        self, norm: IrrepLayerNorm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:meth:`folded_weights` with ``norm``'s reflection and affine folded into ``W1'``."""
+        fc1, fc2 = self._modules["fc1"], self._modules["fc2"]
+
+        def compute():
+            w1, b1, w2, b2 = self.folded_weights()
+            return (*norm.fold(w1, b1), w2, b2)
+
+        return self.derived("folded_after_norm", fc1.leaves() + fc2.leaves() + [norm.weight, norm.bias], compute)
+
+    def forward(self, x: torch.Tensor, norm: IrrepLayerNorm | None = None) -> torch.Tensor:
+        """``x [..., dim] -> [..., dim]``; with ``norm``, ``mlp(norm(x))`` through :meth:`IrrepLayerNorm.normalize`."""
+        if norm is None:
+            w1, b1, w2, b2 = self.folded_weights()
+        else:
+            w1, b1, w2, b2 = self.folded_weights_after(norm)
+            x = norm.normalize(x)
         return F.linear(self.act.act(F.linear(x, w1, b1)), w2, b2)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,6 +72,10 @@ class IrrepMlp(DerivedCache):
 
 class IrrepBlock(nn.Module):
     """Pre-norm block ``x + attn(norm(x))``, ``x + mlp(norm(x))``; every part G-equivariant.
+
+    Each norm is handed to the layer that reads it, which applies :meth:`IrrepLayerNorm.normalize`
+    (one ``F.layer_norm``) and folds the norm's affine into its first linear map: the same function
+    as ``attn(norm1(x))``, in fewer ops.
 
     Args:
         ftype: token feature type V.
@@ -85,8 +106,14 @@ class IrrepBlock(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x), rope, num_prefix_tokens))
-        return x + self.drop_path2(self.mlp(self.norm2(x)))
+        attn, mlp = self.attn, self.mlp
+        if isinstance(attn, IrrepAttention):
+            x = x + self.drop_path1(attn(x, rope, num_prefix_tokens, norm=self.norm1))
+        else:  # a swapped-in layer gets the plain composition
+            x = x + self.drop_path1(attn(self.norm1(x), rope, num_prefix_tokens))
+        if isinstance(mlp, IrrepMlp):
+            return x + self.drop_path2(mlp(x, norm=self.norm2))
+        return x + self.drop_path2(mlp(self.norm2(x)))
 
 
 class InvariantHead(nn.Module):

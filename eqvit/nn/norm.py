@@ -9,8 +9,15 @@ The forward pass is six ops: ``x @ (-mask / n)`` (a GEMV giving minus the centre
 ``[..., 1]``; faster than a sum over a slice of the last axis), one ``addcmul`` for the centring,
 then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / hypot(|z|, sqrt(dim eps))`` as ``vector_norm`` +
 ``hypot``, and ``mul`` + ``addcdiv(beta, gamma' z, .)`` with ``gamma' = sqrt(dim) gamma`` (cached).
-``F.layer_norm`` cannot do it in one op: it subtracts the mean over all channels, and the
-centred token ``z`` has no zero mean in general.
+``F.layer_norm`` cannot do it in one op on irrep-wise features: it subtracts the mean over all
+channels, and the centred token ``z`` has no zero mean in general.
+
+It can after a reflection. Centring removes the component along ``u`` (the unit vector spread
+evenly over the centre coordinates); ``F.layer_norm`` removes the component along ``e = 1/sqrt(dim)``.
+The Householder reflection ``H = I - 2 v v^T`` with ``v = (u - e) / |u - e|`` swaps them, so
+``F.layer_norm(H x) = H z / rms(z)``: :meth:`IrrepLayerNorm.normalize` is two small ops and one
+``F.layer_norm`` without affine, and a linear layer that reads the norm folds ``H``, ``gamma`` and
+``beta`` into its weights once (:meth:`IrrepLayerNorm.fold`). The blocks use this pair.
 """
 
 from __future__ import annotations
@@ -46,6 +53,12 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
         self.register_exact_buffer("center_mask", torch.from_numpy((mask > 0).astype(np.float64)))
         # ``x @ neg_center_col`` is minus the centre mean as ``[..., 1]``.
         self.register_exact_buffer("neg_center_col", torch.from_numpy(-mask[:, None]))
+        # The Householder vector v (zero when u = e already, e.g. every coordinate trivial).
+        u = (mask > 0) / math.sqrt(max(len(center), 1))
+        v = u - 1 / math.sqrt(ftype.dim)
+        v = v / np.linalg.norm(v) if np.linalg.norm(v) > 1e-12 else np.zeros_like(v)
+        self.register_exact_buffer("reflect_row", torch.from_numpy(v))
+        self.register_exact_buffer("reflect_col", torch.from_numpy(-2 * v[:, None]))
         self.register_buffer("copy_index", torch.from_numpy(ftype.copy_index), persistent=False)
         self.register_buffer("bias_index", torch.from_numpy(ftype.trivial_index), persistent=False)
         self.weight = nn.Parameter(torch.ones(len(ftype.copies)))
@@ -89,6 +102,25 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
         z = torch.addcmul(x, x @ self._buffers["neg_center_col"], mask)
         den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
         return torch.addcdiv(beta, z * gamma, den)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., dim] -> H z / rms(z)``: the normalised token before the affine, in the reflected basis.
+
+        ``W @ forward(x) + b == F.linear(normalize(x), *fold(W, b))``.
+        """
+        buffers = self._buffers
+        reflected = torch.addcmul(x, x @ buffers["reflect_col"], buffers["reflect_row"])
+        return torch.nn.functional.layer_norm(reflected, (self.ftype.dim,), None, None, self.eps)
+
+    def fold(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W [out, dim], b) -> (W diag(gamma) H, b + W beta)``: a linear layer that reads this norm,
+        rewritten to read :meth:`normalize` instead."""
+        gamma, beta, _ = self.affine()
+        scaled = weight * gamma
+        v = self._buffers["reflect_row"]
+        folded = torch.addr(scaled, scaled @ v, v, alpha=-2)
+        shift = weight @ beta
+        return folded, shift if bias is None else bias + shift
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         x = x - (x @ self.center_weights).unsqueeze(-1) * self.center_mask
