@@ -50,6 +50,7 @@ class ExactBuffers(nn.Module):
 
 _VERSION = operator.attrgetter("_version")
 _DATA_PTR = torch.Tensor.data_ptr
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 class DerivedCache(nn.Module):
@@ -66,17 +67,23 @@ class DerivedCache(nn.Module):
 
     def derived(self, name: str, sources: list[torch.Tensor | None], compute: Callable[[], object]) -> object:
         sources = [t for t in sources if t is not None]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
+        if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, sources)):
             return compute()
-        key = (torch.is_inference_mode_enabled(), list(map(_VERSION, sources)), list(map(_DATA_PTR, sources)))
         cache = self.__dict__.get("_derived_cache")
         if cache is None:
             cache = self.__dict__["_derived_cache"] = {}
+        versions = list(map(_VERSION, sources))
         hit = cache.get(name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
+        # Checked cheapest first; this runs for every cached weight on every forward.
+        if (
+            hit is not None
+            and hit[1] == versions
+            and hit[0] == torch.is_inference_mode_enabled()
+            and hit[2] == list(map(_DATA_PTR, sources))
+        ):
+            return hit[3]
         value = compute()
-        cache[name] = (key, value, sources)
+        cache[name] = (torch.is_inference_mode_enabled(), versions, list(map(_DATA_PTR, sources)), value, sources)
         return value
 
     def clear_derived_cache(self) -> None:
