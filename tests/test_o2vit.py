@@ -657,8 +657,9 @@ def test_layer_norm_matches_reference_with_gradients_and_eps():
 
 
 @pytest.mark.parametrize("center", [None, np.array([0, 3, 5, 9])], ids=["trivial", "restricted"])
-def test_reflected_normalize_and_fold_equal_the_norm(center):
-    """``F.linear(norm.normalize(x), *norm.fold(W, b)) == F.linear(norm(x), W, b)``, values and gradients."""
+def test_reflected_norm_and_folds_equal_the_norm(center):
+    """Reading ``norm(x)`` through ``normalize_reflected(H x)`` and :meth:`fold`, writing through
+    :meth:`fold_output`: the same values and gradients as the plain norm and linear maps."""
     G = get_group("D4")
     V = FeatureType(G, [2, 1, 3, 1, 2])
     norm = randomise_(IrrepLayerNorm(V, center=center)).double()
@@ -666,15 +667,22 @@ def test_reflected_normalize_and_fold_equal_the_norm(center):
     b = torch.randn(7, dtype=torch.float64, requires_grad=True)
     x = torch.randn(4, 3, V.dim, dtype=torch.float64, requires_grad=True)
     y_ref = F.linear(norm(x + 0.5), W, b)
-    y = F.linear(norm.normalize(x + 0.5), *norm.fold(W, b))
+    y = F.linear(norm.normalize_reflected(norm.reflect(x + 0.5)), *norm.fold(W, b))
     torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-12)
     params = [x, W, b, *norm.parameters()]
     for a, c in zip(_grads(y, params), _grads(y_ref, params)):
         torch.testing.assert_close(a, c, rtol=0, atol=1e-10)
-    # normalize is the reflection of the centred, scaled token: layer_norm sees no other mean
+    torch.testing.assert_close(norm.reflect(norm.reflect(x)), x, rtol=0, atol=1e-14)  # an involution
+    W_out = torch.randn(V.dim, 5, dtype=torch.float64)
+    h = torch.randn(2, 5, dtype=torch.float64)
+    for bias in (None, torch.randn(V.dim, dtype=torch.float64)):
+        out = F.linear(h, *norm.fold_output(W_out, bias))
+        torch.testing.assert_close(out, norm.reflect(F.linear(h, W_out, bias)), rtol=0, atol=1e-12)
+    # layer_norm of the reflected token is the reflected centred, scaled token: no other mean is removed
     H = torch.eye(V.dim, dtype=torch.float64) - 2 * torch.outer(norm.reflect_row, norm.reflect_row)
     z = x - (x @ norm.center_weights)[..., None] * norm.center_mask
-    torch.testing.assert_close(norm.normalize(x), (z / z.square().mean(-1, keepdim=True).add(norm.eps).sqrt()) @ H)
+    expected = (z / z.square().mean(-1, keepdim=True).add(norm.eps).sqrt()) @ H
+    torch.testing.assert_close(norm.normalize_reflected(norm.reflect(x)), expected)
 
 
 def test_reflection_is_identity_when_every_coordinate_is_centred():
@@ -682,28 +690,75 @@ def test_reflection_is_identity_when_every_coordinate_is_centred():
     norm = randomise_(IrrepLayerNorm(V)).double()
     assert norm.reflect_row.abs().max() == 0
     x = torch.randn(3, V.dim, dtype=torch.float64)
-    torch.testing.assert_close(F.linear(norm.normalize(x), *norm.fold(torch.eye(V.dim, dtype=torch.float64), None)), norm(x))
+    eye = torch.eye(V.dim, dtype=torch.float64)
+    torch.testing.assert_close(F.linear(norm.normalize_reflected(x), *norm.fold(eye, None)), norm(x))
 
 
-@pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
-def test_block_layers_read_their_norm_like_the_plain_composition(layout):
-    from eqvit.nn.irrep_blocks import IrrepMlp
+def _reflected_block_parts(layout: str):
+    from eqvit.nn.irrep_blocks import IrrepBlock
 
     G = get_group("D4")
     V = FeatureType.regular(G, 3)
     heads = coupled_heads(V, 3) if layout == "coupled" else irrepwise_heads(V, 3)
-    attn = randomise_(IrrepAttention(V, heads)).double()
-    mlp = randomise_(IrrepMlp(V, FourierActivation.from_spaces(G, [("regular", 2)]))).double()
-    norm = randomise_(IrrepLayerNorm(V)).double()
-    x = torch.randn(2, 5, V.dim, dtype=torch.float64, requires_grad=True)
-    for layer in (attn, mlp):
-        y, y_ref = layer(x, norm=norm), layer(norm(x))
-        torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-11)
-        params = [x, *layer.parameters(), *norm.parameters()]
-        for a, c in zip(_grads(y, params), _grads(y_ref, params)):
+    block = randomise_(IrrepBlock(V, heads, FourierActivation.from_spaces(G, [("regular", 2)]))).double()
+    return V, block
+
+
+@pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
+def test_block_layers_on_the_reflected_stream_equal_the_plain_composition(layout):
+    """``layer(y, norm=norm) == H layer(norm(H y))`` with gradients; the folded weights are cached and
+    a changed norm is noticed."""
+    V, block = _reflected_block_parts(layout)
+    norm = block.norm1
+    y = torch.randn(2, 5, V.dim, dtype=torch.float64, requires_grad=True)
+    for layer in (block.attn, block.mlp):
+        out, out_ref = layer(y, norm=norm), norm.reflect(layer(norm(norm.reflect(y))))
+        torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-11)
+        params = [y, *layer.parameters(), *norm.parameters()]
+        for a, c in zip(_grads(out, params), _grads(out_ref, params)):
             torch.testing.assert_close(a, c, rtol=0, atol=1e-10)
-        with torch.no_grad():  # the folded weights are cached, and a changed norm is noticed
-            first = layer(x, norm=norm)
+        with torch.no_grad():
+            first = layer(y, norm=norm)
             norm.weight.mul_(1.5)
-            torch.testing.assert_close(layer(x, norm=norm), layer(norm(x)), rtol=0, atol=1e-11)
-            assert rel_err(layer(x, norm=norm), first) > 1e-3
+            torch.testing.assert_close(
+                layer(y, norm=norm), norm.reflect(layer(norm(norm.reflect(y)))), rtol=0, atol=1e-11
+            )
+            assert rel_err(layer(y, norm=norm), first) > 1e-3
+
+
+@pytest.mark.parametrize("swap", [None, "mlp"])
+def test_block_on_the_reflected_stream_is_the_reflected_block(swap):
+    V, block = _reflected_block_parts("coupled")
+    if swap == "mlp":  # a swapped-in layer sees and returns irrep-wise tokens
+        block.mlp = Mlp(V.dim, 2 * V.dim).double()
+    x = torch.randn(2, 5, V.dim, dtype=torch.float64)
+    reflect = block.norm1.reflect
+    torch.testing.assert_close(reflect(block(reflect(x), reflected=True)), block(x), rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3")])
+def test_irrep_vit_equals_the_plain_composition(grid, group):
+    model = randomise_(tiny(grid, group)).double().eval()
+    x = torch.randn(2, 3, *model.domain.shape, dtype=torch.float64) if grid == "square" else None
+    if x is None:
+        x = torch.randn(2, 3, len(model.domain.points), dtype=torch.float64)
+    with torch.no_grad():
+        tokens = model.embed_tokens(x)
+        for block in model.blocks:
+            tokens = block(tokens, None, model.num_prefix_tokens)
+        torch.testing.assert_close(model.forward_features(x), model.norm(tokens), rtol=0, atol=1e-12)
+        torch.testing.assert_close(model(x), model.head(model.norm(tokens)), rtol=0, atol=1e-12)
+
+
+def test_irrep_vit_rejects_norms_with_another_centre():
+    from eqvit.models.vit import IrrepViT
+
+    model = tiny("square", "D4")
+    V = model.feature_type
+    blocks = list(model.blocks)
+    blocks[1].norm2 = IrrepLayerNorm(V, center=V.trivial_index[:2])
+    with pytest.raises(ValueError, match="block 1 centres a norm on other coordinates"):
+        IrrepViT(
+            tokenizer=model.tokenizer, head=model.head, embed_dim=V.dim, depth=len(blocks), num_heads=3,
+            posenc=model.posenc, block_fn=lambda i, rate: blocks[i], norm_layer=model.norm, num_prefix_tokens=1,
+        )  # fmt: skip

@@ -17,7 +17,7 @@ from eqvit.geometry.hexagonal import HexPatchGrid
 from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.models._registry import register_model, strip_timm_kwargs
-from eqvit.models.vit import EquivariantViT
+from eqvit.models.vit import EquivariantViT, IrrepViT
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import head_layout
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
@@ -131,7 +131,7 @@ def build_o2vit(
             ftype, heads, FourierActivation(act_type, act_basis), rate, attn_drop_rate, qkv_bias, fused_attn
         )
 
-    model = EquivariantViT(
+    model = IrrepViT(
         tokenizer=tokenizer,
         head=InvariantHead(ftype, num_classes, head_drop_rate),
         embed_dim=ftype.dim,

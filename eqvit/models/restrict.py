@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from eqvit.groups import FiniteGroup, Representation
-from eqvit.models.vit import EquivariantViT
+from eqvit.models.vit import EquivariantViT, IrrepViT
 from eqvit.nn.activation import FourierActivation
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
 from eqvit.nn.irrep_features import FeatureType
@@ -236,7 +236,7 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
         new_head = InvariantHead(
             W, head.fc.out_features, head.drop.p, trivial=trivial_w, groups=[_support(R, g) for g in head.groups]
         )
-        new_model = EquivariantViT(
+        new_model = IrrepViT(
             tokenizer=new_tok,
             head=new_head,
             embed_dim=W.dim,

@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
 from eqvit.nn.layers import Block
+from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 
 
@@ -110,8 +112,8 @@ class EquivariantViT(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {name for name, _ in self.named_parameters() if "pos_embed" in name}
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Input -> normalised tokens ``[B, N, embed_dim]``."""
+    def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Input -> tokens ``[B, N, embed_dim]`` with the additive positional encoding, before the blocks."""
         tokens = self.tokenizer(self.input_encoding(x))
         p = self.num_prefix_tokens
         tokens = (
@@ -119,7 +121,11 @@ class EquivariantViT(nn.Module):
             if p
             else self.posenc.add_to_tokens(tokens)
         )
-        tokens = self.pos_drop(tokens)
+        return self.pos_drop(tokens)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Input -> normalised tokens ``[B, N, embed_dim]``."""
+        tokens = self.embed_tokens(x)
         for block in self.blocks:
             tokens = block(tokens, self.rope, self.num_prefix_tokens)
         return self.norm(tokens)
@@ -131,6 +137,51 @@ class EquivariantViT(nn.Module):
         if self.domain is not None:
             self.domain.check(x, self.in_chans)
         out = self.forward_head(self.forward_features(x))
+        return out + x if self.residual else out
+
+
+class IrrepViT(EquivariantViT):
+    """:class:`EquivariantViT` on irrep-wise tokens (the O(2)-subgroup ViTs) with a reflected residual stream.
+
+    The stream between the blocks is kept as ``H x``, ``H`` the Householder reflection of the norms
+    (:mod:`eqvit.nn.norm`), so each block norm is one ``F.layer_norm`` like timm's; tokens enter it
+    after the positional encoding and leave it before the final norm, so :meth:`forward_features`
+    returns irrep-wise normalised tokens ``[B, N, dim]``. With an :class:`InvariantHead` (it reads
+    the class token), :meth:`forward` normalises the class token only. Takes the arguments of
+    :class:`EquivariantViT`; every block must be an :class:`IrrepBlock` whose norms share the final
+    norm's centre.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(self.norm, IrrepLayerNorm):
+            raise ValueError(f"IrrepViT needs an IrrepLayerNorm as the final norm, got {type(self.norm).__name__}")
+        reflection = self.norm._exact_masters["reflect_row"]
+        for i, block in enumerate(self.blocks):
+            if not isinstance(block, IrrepBlock):
+                raise ValueError(f"IrrepViT needs IrrepBlocks, block {i} is a {type(block).__name__}")
+            for norm in (block.norm1, block.norm2):
+                if not torch.equal(norm._exact_masters["reflect_row"], reflection):
+                    raise ValueError(f"block {i} centres a norm on other coordinates than the final norm")
+
+    def forward_stream(self, x: torch.Tensor) -> torch.Tensor:
+        """Input -> the residual stream after the blocks, ``H x`` ``[B, N, dim]`` (not normalised)."""
+        stream = self.norm.reflect(self.embed_tokens(x))
+        for block in self.blocks:
+            stream = block(stream, self.rope, self.num_prefix_tokens, reflected=True)
+        return stream
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Input -> irrep-wise normalised tokens ``[B, N, dim]``."""
+        return self.norm(self.norm.reflect(self.forward_stream(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.domain is not None:
+            self.domain.check(x, self.in_chans)
+        stream = self.forward_stream(x)
+        if isinstance(self.head, InvariantHead) and self.num_prefix_tokens:
+            stream = stream[:, :1]  # the head reads only the class token: normalise only that
+        out = self.forward_head(self.norm(self.norm.reflect(stream)))
         return out + x if self.residual else out
 
 

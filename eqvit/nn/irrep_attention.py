@@ -156,31 +156,39 @@ class IrrepAttention(DerivedCache):
 
         return self.derived("fused", [t for lin in lins for t in lin.leaves()], compute)
 
-    def fused_weights_after(
+    def fused_weights_reflected(
         self, norm: IrrepLayerNorm
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """:meth:`fused_weights` with ``norm``'s reflection and affine folded into qkv (:meth:`IrrepLayerNorm.fold`)."""
-        lins = [self._modules[name] for name in ("q", "k", "v", "proj")]
-        sources = [t for lin in lins for t in lin.leaves()] + [norm.weight, norm.bias]
+        """:meth:`fused_weights` for a residual stream in ``norm``'s reflected basis: the norm's
+        reflection and affine folded into qkv (:meth:`IrrepLayerNorm.fold`), the reflection into the
+        projection (:meth:`IrrepLayerNorm.fold_output`)."""
+        modules, params = self._modules, norm._parameters
+        sources = [
+            *modules["q"].leaves(), *modules["k"].leaves(), *modules["v"].leaves(), *modules["proj"].leaves(),
+            params["weight"], params["bias"],
+        ]  # fmt: skip
 
         def compute():
             qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
-            return (*norm.fold(qkv_w, qkv_b), proj_w, proj_b)
+            return (*norm.fold(qkv_w, qkv_b), *norm.fold_output(proj_w, proj_b))
 
-        return self.derived("fused_after_norm", sources, compute)
+        return self.derived("fused_reflected", sources, compute)
 
     def forward(
         self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0, norm: IrrepLayerNorm | None = None
     ) -> torch.Tensor:
-        """``x [B, N, dim] -> [B, N, dim]``; with ``norm``, ``attn(norm(x))`` computed as
-        ``F.linear(norm.normalize(x), folded qkv)`` (one ``F.layer_norm``, no affine)."""
+        """``x [B, N, dim] -> [B, N, dim]``.
+
+        With ``norm``, ``x`` is a residual stream in ``norm``'s reflected basis and the result is
+        ``H attn(norm(H x))``, computed from one ``F.layer_norm`` and folded weights.
+        """
         if rope is not None:
             raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
         if norm is None:
             qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
         else:
-            qkv_w, qkv_b, proj_w, proj_b = self.fused_weights_after(norm)
-            x = norm.normalize(x)
+            qkv_w, qkv_b, proj_w, proj_b = self.fused_weights_reflected(norm)
+            x = norm.normalize_reflected(x)
         B, N = x.shape[:2]
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
         if len(self._groups) == 1:  # all heads of one size (coupled): one reshape, like timm

@@ -44,25 +44,30 @@ class IrrepMlp(DerivedCache):
 
         return self.derived("folded", fc1.leaves() + fc2.leaves(), compute)
 
-    def folded_weights_after(
+    def folded_weights_reflected(
         self, norm: IrrepLayerNorm
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """:meth:`folded_weights` with ``norm``'s reflection and affine folded into ``W1'``."""
+        """:meth:`folded_weights` for a residual stream in ``norm``'s reflected basis (read by ``W1'``,
+        written by ``W2'``)."""
         fc1, fc2 = self._modules["fc1"], self._modules["fc2"]
 
         def compute():
             w1, b1, w2, b2 = self.folded_weights()
-            return (*norm.fold(w1, b1), w2, b2)
+            return (*norm.fold(w1, b1), *norm.fold_output(w2, b2))
 
-        return self.derived("folded_after_norm", fc1.leaves() + fc2.leaves() + [norm.weight, norm.bias], compute)
+        params = norm._parameters
+        return self.derived(
+            "folded_reflected", [*fc1.leaves(), *fc2.leaves(), params["weight"], params["bias"]], compute
+        )
 
     def forward(self, x: torch.Tensor, norm: IrrepLayerNorm | None = None) -> torch.Tensor:
-        """``x [..., dim] -> [..., dim]``; with ``norm``, ``mlp(norm(x))`` through :meth:`IrrepLayerNorm.normalize`."""
+        """``x [..., dim] -> [..., dim]``; with ``norm``, ``x`` and the result are in its reflected basis
+        (``H mlp(norm(H x))``, see :class:`IrrepAttention`)."""
         if norm is None:
             w1, b1, w2, b2 = self.folded_weights()
         else:
-            w1, b1, w2, b2 = self.folded_weights_after(norm)
-            x = norm.normalize(x)
+            w1, b1, w2, b2 = self.folded_weights_reflected(norm)
+            x = norm.normalize_reflected(x)
         return F.linear(self.act.act(F.linear(x, w1, b1)), w2, b2)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,9 +78,10 @@ class IrrepMlp(DerivedCache):
 class IrrepBlock(nn.Module):
     """Pre-norm block ``x + attn(norm(x))``, ``x + mlp(norm(x))``; every part G-equivariant.
 
-    Each norm is handed to the layer that reads it, which applies :meth:`IrrepLayerNorm.normalize`
-    (one ``F.layer_norm``) and folds the norm's affine into its first linear map: the same function
-    as ``attn(norm1(x))``, in fewer ops.
+    ``block(x, reflected=True)`` takes and returns the residual stream in the norms' reflected basis
+    ``H x`` (all norms of a model share it, :class:`~eqvit.models.vit.IrrepViT`): each norm is then
+    one ``F.layer_norm`` read by its layer through folded weights, as cheap as timm's. A layer
+    swapped in for the attention or the MLP sees and returns irrep-wise tokens either way.
 
     Args:
         ftype: token feature type V.
@@ -105,15 +111,18 @@ class IrrepBlock(nn.Module):
         self.mlp = IrrepMlp(ftype, activation)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
-        attn, mlp = self.attn, self.mlp
+    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0, reflected: bool = False) -> torch.Tensor:
+        attn, mlp, norm1, norm2 = self.attn, self.mlp, self.norm1, self.norm2
+        if not reflected:
+            x = x + self.drop_path1(attn(norm1(x), rope, num_prefix_tokens))
+            return x + self.drop_path2(mlp(norm2(x)))
         if isinstance(attn, IrrepAttention):
-            x = x + self.drop_path1(attn(x, rope, num_prefix_tokens, norm=self.norm1))
-        else:  # a swapped-in layer gets the plain composition
-            x = x + self.drop_path1(attn(self.norm1(x), rope, num_prefix_tokens))
+            x = x + self.drop_path1(attn(x, rope, num_prefix_tokens, norm=norm1))
+        else:
+            x = x + self.drop_path1(norm1.reflect(attn(norm1(norm1.reflect(x)), rope, num_prefix_tokens)))
         if isinstance(mlp, IrrepMlp):
-            return x + self.drop_path2(mlp(x, norm=self.norm2))
-        return x + self.drop_path2(mlp(self.norm2(x)))
+            return x + self.drop_path2(mlp(x, norm=norm2))
+        return x + self.drop_path2(norm2.reflect(mlp(norm2(norm2.reflect(x)))))
 
 
 class InvariantHead(nn.Module):
