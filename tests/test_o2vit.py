@@ -734,6 +734,13 @@ def test_block_on_the_reflected_stream_is_the_reflected_block(swap):
     x = torch.randn(2, 5, V.dim, dtype=torch.float64)
     reflect = block.norm1.reflect
     torch.testing.assert_close(reflect(block(reflect(x), reflected=True)), block(x), rtol=0, atol=1e-11)
+    with torch.no_grad():  # the block's cached folded weights follow in-place updates of any part
+        for param in (block.norm2.weight, block.attn.proj.weights[0], block.norm1.bias):
+            before = block(reflect(x), reflected=True)
+            param.add_(0.3)
+            after = block(reflect(x), reflected=True)
+            torch.testing.assert_close(reflect(after), block(x), rtol=0, atol=1e-11)
+            assert rel_err(after, before) > 1e-4
 
 
 @pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3")])
@@ -762,3 +769,20 @@ def test_irrep_vit_rejects_norms_with_another_centre():
             tokenizer=model.tokenizer, head=model.head, embed_dim=V.dim, depth=len(blocks), num_heads=3,
             posenc=model.posenc, block_fn=lambda i, rate: blocks[i], norm_layer=model.norm, num_prefix_tokens=1,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("grouping", ["default", "restricted"])
+def test_invariant_head_folded_inference_equals_invariants_then_classifier(grouping):
+    G = get_group("D4")
+    V = FeatureType.regular(G, 2)
+    kw = {}
+    if grouping == "restricted":  # scattered trivial coordinates, groups of unequal size
+        kw = dict(trivial=np.array([0, 9]), groups=[np.array([1]), np.array([2, 3, 10]), np.array([4, 5])])
+    head = randomise_(InvariantHead(V, 7, drop=0.1, **kw)).double().eval()
+    tokens = torch.randn(3, 4, V.dim, dtype=torch.float64)
+    with torch.no_grad():
+        fast = head(tokens)
+        torch.testing.assert_close(fast, head.fc(head.invariants(tokens[:, 0])), rtol=0, atol=1e-12)
+        head.fc.weight.add_(0.1)  # the folded classifier follows the parameters
+        torch.testing.assert_close(head(tokens), head.fc(head.invariants(tokens[:, 0])), rtol=0, atol=1e-12)
+    assert rel_err(head(tokens), fast) > 1e-4  # with autograd: the plain path, the same function

@@ -16,6 +16,8 @@ from eqvit.groups import FiniteGroup
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
 from eqvit.nn.layers import Block
 from eqvit.nn.norm import IrrepLayerNorm
+from eqvit.nn.posenc.invariant import InvariantAPE
+from eqvit.nn.tokenizers.planar import PlanarTokenizer
 from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 
 
@@ -163,6 +165,17 @@ class IrrepViT(EquivariantViT):
             for norm in (block.norm1, block.norm2):
                 if not torch.equal(norm._exact_masters["reflect_row"], reflection):
                     raise ValueError(f"block {i} centres a norm on other coordinates than the final norm")
+
+    def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`EquivariantViT.embed_tokens`; with a planar tokenizer and an invariant APE the encoding
+        is added to the patch tokens before the class token joins them (one concatenation, not two)."""
+        tokenizer, posenc = self.tokenizer, self.posenc
+        if not (isinstance(tokenizer, PlanarTokenizer) and isinstance(posenc, InvariantAPE)):
+            return super().embed_tokens(x)
+        tokens = posenc.add_to_tokens(tokenizer.patch_tokens(self.input_encoding(x)))
+        if tokenizer.cls_token is not None:
+            tokens = torch.cat([tokenizer.class_token().expand(tokens.shape[0], 1, -1), tokens], dim=1)
+        return self.pos_drop(tokens)
 
     def forward_stream(self, x: torch.Tensor) -> torch.Tensor:
         """Input -> the residual stream after the blocks, ``H x`` ``[B, N, dim]`` (not normalised)."""

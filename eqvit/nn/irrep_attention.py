@@ -185,10 +185,18 @@ class IrrepAttention(DerivedCache):
         if rope is not None:
             raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
         if norm is None:
-            qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
-        else:
-            qkv_w, qkv_b, proj_w, proj_b = self.fused_weights_reflected(norm)
-            x = norm.normalize_reflected(x)
+            return self.attend(x, *self.fused_weights())
+        return self.attend(norm.normalize_reflected(x), *self.fused_weights_reflected(norm))
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        qkv_w: torch.Tensor,
+        qkv_b: torch.Tensor | None,
+        proj_w: torch.Tensor,
+        proj_b: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``x [B, N, dim] -> [B, N, dim]`` with given fused weights (:meth:`fused_weights` or a folded form)."""
         B, N = x.shape[:2]
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
         if len(self._groups) == 1:  # all heads of one size (coupled): one reshape, like timm

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.nn.activation import FourierActivation
-from eqvit.nn.buffers import DerivedCache
+from eqvit.nn.buffers import DerivedCache, ExactBuffers
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import DropPath
@@ -75,7 +75,7 @@ class IrrepMlp(DerivedCache):
         return self.fc2(self.act.forward_dense(self.fc1(x)))
 
 
-class IrrepBlock(nn.Module):
+class IrrepBlock(DerivedCache):
     """Pre-norm block ``x + attn(norm(x))``, ``x + mlp(norm(x))``; every part G-equivariant.
 
     ``block(x, reflected=True)`` takes and returns the residual stream in the norms' reflected basis
@@ -111,26 +111,45 @@ class IrrepBlock(nn.Module):
         self.mlp = IrrepMlp(ftype, activation)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
+    def reflected_weights(self) -> tuple[tuple, tuple]:
+        """``(attention weights, MLP weights)`` folded for the reflected stream, behind one cache check."""
+        modules = self._modules
+        attn, mlp, norm1, norm2 = modules["attn"], modules["mlp"], modules["norm1"], modules["norm2"]
+        p1, p2 = norm1._parameters, norm2._parameters
+        sources = [
+            *attn.q.leaves(), *attn.k.leaves(), *attn.v.leaves(), *attn.proj.leaves(), *mlp.fc1.leaves(),
+            *mlp.fc2.leaves(), p1["weight"], p1["bias"], p2["weight"], p2["bias"],
+        ]  # fmt: skip
+        return self.derived(
+            "reflected", sources, lambda: (attn.fused_weights_reflected(norm1), mlp.folded_weights_reflected(norm2))
+        )
+
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0, reflected: bool = False) -> torch.Tensor:
-        attn, mlp, norm1, norm2 = self.attn, self.mlp, self.norm1, self.norm2
+        modules = self._modules
+        attn, mlp, norm1, norm2 = modules["attn"], modules["mlp"], modules["norm1"], modules["norm2"]
         if not reflected:
             x = x + self.drop_path1(attn(norm1(x), rope, num_prefix_tokens))
             return x + self.drop_path2(mlp(norm2(x)))
-        if isinstance(attn, IrrepAttention):
-            x = x + self.drop_path1(attn(x, rope, num_prefix_tokens, norm=norm1))
-        else:
-            x = x + self.drop_path1(norm1.reflect(attn(norm1(norm1.reflect(x)), rope, num_prefix_tokens)))
-        if isinstance(mlp, IrrepMlp):
-            return x + self.drop_path2(mlp(x, norm=norm2))
+        if rope is None and isinstance(attn, IrrepAttention) and isinstance(mlp, IrrepMlp):
+            attn_weights, (w1, b1, w2, b2) = self.reflected_weights()
+            x = x + self.drop_path1(attn.attend(norm1.normalize_reflected(x), *attn_weights))
+            hidden = mlp.act.act(F.linear(norm2.normalize_reflected(x), w1, b1))
+            return x + self.drop_path2(F.linear(hidden, w2, b2))
+        # A swapped-in layer sees and returns irrep-wise tokens.
+        x = x + self.drop_path1(norm1.reflect(attn(norm1(norm1.reflect(x)), rope, num_prefix_tokens)))
         return x + self.drop_path2(norm2.reflect(mlp(norm2(norm2.reflect(x)))))
 
 
-class InvariantHead(nn.Module):
+class InvariantHead(DerivedCache, ExactBuffers):
     """Class token -> invariants -> logits (Sec. 4.5, eq. 15).
 
     ``cls -> cls_trivial (+) (|cls_{rho, c}|)_{rho != trivial, c}``, then dropout and a linear
     classifier. A restricted model passes its parent's grouping: ``trivial`` coordinates and
     ``groups`` (coordinate sets whose Euclidean norms are taken).
+
+    Without autograd the classifier is folded into two matrices, ``logits = cls @ A +
+    sqrt(cls^2 @ S) @ W_norms^T + b`` (``A`` reads the trivial coordinates, ``S`` sums squares per
+    group): four small ops instead of gathers, padding and concatenation.
 
     Args:
         ftype: token feature type V.
@@ -162,6 +181,13 @@ class InvariantHead(nn.Module):
         for k, g in enumerate(self.groups):
             index[k, : len(g)] = g
         self.register_buffer("norm_index", torch.from_numpy(index), persistent=False)
+        select = np.zeros((dim, len(self.trivial)))
+        select[self.trivial, np.arange(len(self.trivial))] = 1.0
+        squares = np.zeros((dim, len(self.groups)))
+        for k, g in enumerate(self.groups):
+            squares[g, k] = 1.0
+        self.register_exact_buffer("trivial_select", torch.from_numpy(select))
+        self.register_exact_buffer("group_squares", torch.from_numpy(squares))
         self.num_invariants = len(trivial) + len(groups)
         self.drop = nn.Dropout(drop)
         self.fc = nn.Linear(self.num_invariants, num_classes)
@@ -176,5 +202,21 @@ class InvariantHead(nn.Module):
         norms = torch.linalg.vector_norm(padded[..., buffers["norm_index"]], dim=-1)
         return torch.cat([trivial, norms], dim=-1)
 
+    def folded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(A [dim, classes], W_norms^T [groups, classes], b)``, cached while no gradient is recorded."""
+        fc = self._modules["fc"]
+        weight, bias = fc._parameters["weight"], fc._parameters["bias"]
+        n = len(self.trivial)
+
+        def compute():
+            return self._buffers["trivial_select"] @ weight[:, :n].T, weight[:, n:].T.contiguous(), bias
+
+        return self.derived("folded", [weight, bias], compute)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.drop(self.invariants(tokens[:, 0])))
+        cls = tokens[:, 0]
+        if torch.is_grad_enabled() or (self.training and self.drop.p > 0):
+            return self.fc(self.drop(self.invariants(cls)))
+        reads_trivial, reads_norms, bias = self.folded()
+        norms = torch.sqrt((cls * cls) @ self._buffers["group_squares"])
+        return torch.addmm(torch.addmm(bias, cls, reads_trivial), norms, reads_norms)
