@@ -16,9 +16,9 @@ from eqvit.groups import FiniteGroup
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
 from eqvit.nn.layers import Block
 from eqvit.nn.norm import IrrepLayerNorm
+from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 from eqvit.nn.posenc.invariant import InvariantAPE
 from eqvit.nn.tokenizers.planar import PlanarTokenizer
-from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 
 
 def _init_weights(module: nn.Module) -> None:
