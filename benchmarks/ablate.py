@@ -17,7 +17,8 @@ TASK is one of
   PatternNet-style folder.
 
 Every run is a *cell* saved as JSON under ``OUT/TASK/cells/`` as soon as it finishes, so an
-interrupted ablation resumes from the finished cells. At the end each task writes
+interrupted ablation resumes from the finished cells; the ``swe`` trainings also checkpoint every
+model after each interleaved round and resume from there. At the end each task writes
 ``results.json``, ``results.md`` (a table) and PNG plots into ``OUT/TASK/``. ``--quick`` shortens
 every run for CI-sized checks (each task under 15 minutes on 2 CPU cores).
 
@@ -179,14 +180,18 @@ def run_swe(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
         name, kwargs = specs[label]
         cfg = copy.deepcopy(base)
         cfg.model.name, cfg.model.kwargs = name, dict(kwargs)
-        trainers[label] = Trainer(cfg, out_dir=store.folder / "runs" / slug(label), progress=False)
-        trainers[label].start(max_minutes=minutes)
+        trainer = trainers[label] = Trainer(cfg, out_dir=store.folder / "runs" / slug(label), progress=False)
+        if trainer.resume():  # an interrupted ablation goes on from the last finished round
+            print(f"{label}: resumed at step {trainer.step} ({trainer.train_seconds:.0f} s trained)", flush=True)
+        trainer.start(max_minutes=minutes)
     # Interleaved rounds: load from other jobs hits every model alike (equal wall-clock budgets).
+    # Every model is checkpointed after each round, so a stopped run loses at most one round.
     slice_s = min(60.0, minutes * 60 / 4)
     while trainers and not all(t.done for t in trainers.values()):
         for trainer in trainers.values():
             if not trainer.done:
                 trainer.train_for(slice_s)
+                trainer.save()
         print(" | ".join(f"{label}: {t.step} steps" for label, t in trainers.items()), flush=True)
     for label, trainer in trainers.items():
         summary = trainer.finish()
@@ -395,8 +400,14 @@ def run_points(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
 # images: rotated MNIST (and an optional image folder) across the O(2) and Platonic families
 
 
+IMAGE_PATCH = 8  # 8^2 patches of the 32^2 digits: the patch size the O(2) tuning picks (o2_data_efficiency.py)
+IMAGE_LR = 3e-3  # likewise: the learning rate every square O(2) group picks on held-out digits
+IMAGE_BATCH = 16
+
+
 def image_models(num_classes: int, in_chans: int, depth: int) -> dict[str, Callable[[], torch.nn.Module]]:
-    """label -> builder. O(2) ViTs at ~20k parameters (matched regular copies), Platonic and timm at width 48."""
+    """label -> builder. O(2) ViTs at ~20k parameters (matched regular copies), Platonic and timm at width 48;
+    every square model on 8^2 patches of the 32^2 image (16 tokens)."""
     import o2_data_efficiency as o2
     import timm
 
@@ -404,11 +415,11 @@ def image_models(num_classes: int, in_chans: int, depth: int) -> dict[str, Calla
 
     def o2vit(grid: str, group: str, attention: str = "coupled") -> Callable[[], torch.nn.Module]:
         def make() -> torch.nn.Module:
-            copies, _ = o2.matched_copies(grid, group, 20_000, depth)
+            copies, _ = o2.matched_copies(grid, group, 20_000, depth, IMAGE_PATCH)
             common = dict(group=group, regular_copies=copies, depth=depth, num_heads=3, attention=attention)
             common.update(in_chans=in_chans, num_classes=num_classes)
             if grid == "square":
-                return eqvit.create_model("o2vit_square_s", img_size=32, patch_size=4, **common)
+                return eqvit.create_model("o2vit_square_s", img_size=32, patch_size=IMAGE_PATCH, **common)
             side, pixels = o2.HEX_GRID
             return eqvit.create_model("o2vit_hex_s", n_patch_side=side, n_pixel_side=pixels, **common)
 
@@ -416,12 +427,13 @@ def image_models(num_classes: int, in_chans: int, depth: int) -> dict[str, Calla
 
     def platonic(group: str) -> Callable[[], torch.nn.Module]:
         return lambda: eqvit.create_model(
-            "platonic_image_s", group=group, embed_dim=48, depth=depth, in_chans=in_chans, num_classes=num_classes
-        )
+            "platonic_image_s", group=group, embed_dim=48, depth=depth, in_chans=in_chans, num_classes=num_classes,
+            img_size=32, patch_size=IMAGE_PATCH,
+        )  # fmt: skip
 
     def vit() -> torch.nn.Module:
         return timm.create_model(
-            "vit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=48, depth=depth, num_heads=3,
+            "vit_tiny_patch16_224", img_size=32, patch_size=IMAGE_PATCH, embed_dim=48, depth=depth, num_heads=3,
             in_chans=in_chans, num_classes=num_classes, global_pool="avg", class_token=False,
         )  # fmt: skip
 
@@ -466,46 +478,77 @@ def image_folder_tensors(folder: Path, ratio: float, seed: int) -> dict[str, tup
     return {"train": stack(train_items), "val": stack(val_items)}
 
 
-def run_images(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
+def train_image_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """Train one (dataset, model, ratio, seed) cell; runs in a worker process with one thread."""
     from eqvit.train.classify import fit_classifier
+
+    torch.set_num_threads(cell["threads"])
+    folder = Path(cell["image_folder"]) if cell["image_folder"] else None
+    hex_grid = " hex " in f" {cell['label']} "
+    data = image_data(cell["dataset"], cell["ratio"], cell["seed"], hex_grid, folder)
+    torch.manual_seed(cell["seed"])
+    model = image_models(cell["num_classes"], 1, cell["depth"])[cell["label"]]()
+    start = time.perf_counter()
+    _, history = fit_classifier(
+        model,
+        data["train"],
+        data["val"],
+        epochs=cell["epochs"],
+        batch_size=IMAGE_BATCH,
+        lr=IMAGE_LR,
+        patience=cell["patience"],
+        seed=cell["seed"],
+    )
+    row = {k: cell[k] for k in ("dataset", "label", "ratio", "seed")} | {"accuracy": history.best_accuracy}
+    row.update(params=sum(p.numel() for p in model.parameters()), epochs=history.epochs)
+    row.update(best_epoch=history.best_epoch + 1, max_epochs=cell["epochs"], patience=cell["patience"])
+    row.update(seconds=time.perf_counter() - start, train_size=len(data["train"][1]), lr=IMAGE_LR, batch=IMAGE_BATCH)
+    return row
+
+
+def image_schedule(ratio: float, quick: bool) -> tuple[int, int | None]:
+    """``(max epochs, early-stopping patience)``: longer for less data, like the seed's App. F."""
+    if quick:
+        return 15, None
+    return (100, 30) if ratio < 0.5 else (30, 8)
+
+
+def run_images(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
+    from concurrent.futures import ProcessPoolExecutor
 
     datasets = ["rotated_mnist"] + (["folder"] if args.image_folder else [])
     ratios = [0.1] if args.quick else [0.1, 1.0]
     seeds = args.seeds[:1] if args.quick else args.seeds
-    depth, epochs = (2, 15) if args.quick else (6, 30)
+    depth = 2 if args.quick else 6
+    cells = {}
     for dataset in datasets:
         num_classes = (
             10 if dataset == "rotated_mnist" else len({p.name for p in Path(args.image_folder).iterdir() if p.is_dir()})
         )
-        builders = image_models(num_classes, 1, depth)
         for ratio in ratios:
+            epochs, patience = image_schedule(ratio, args.quick)
             for seed in seeds:
-                cache: dict[bool, dict] = {}
-                for label, make in builders.items():
+                for label in image_models(num_classes, 1, depth):
                     key = f"{dataset}-{slug(label)}-r{ratio:g}-seed{seed}"
-                    if store.done(key):
-                        continue
-                    hex_grid = " hex " in f" {label} "
-                    if hex_grid not in cache:
-                        cache[hex_grid] = image_data(dataset, ratio, seed, hex_grid, args.image_folder)
-                    data = cache[hex_grid]
-                    torch.manual_seed(seed)
-                    model = make()
-                    start = time.perf_counter()
-                    _, history = fit_classifier(
-                        model, data["train"], data["val"], epochs=epochs, patience=None if args.quick else 8, seed=seed
-                    )
-                    row = dict(dataset=dataset, label=label, ratio=ratio, seed=seed, accuracy=history.best_accuracy)
-                    row.update(params=sum(p.numel() for p in model.parameters()), epochs=len(history.val_accuracy))
-                    row.update(seconds=time.perf_counter() - start, train_size=len(data["train"][1]))
-                    store.put(key, row)
-                    print(f"{key}: accuracy {row['accuracy']:.3f} ({row['params']:,} params)", flush=True)
+                    if not store.done(key):
+                        cells[key] = dict(
+                            dataset=dataset, label=label, ratio=ratio, seed=seed, num_classes=num_classes,
+                            depth=depth, epochs=epochs, patience=patience, threads=args.threads,
+                            image_folder=str(args.image_folder) if args.image_folder else None,
+                        )  # fmt: skip
+    # Small models train faster as separate one-thread processes than as one two-thread process.
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for key, row in zip(cells, pool.map(train_image_cell, cells.values())):
+            store.put(key, row)
+            print(
+                f"{key}: accuracy {row['accuracy']:.3f} ({row['params']:,} params, {row['seconds']:.0f} s)", flush=True
+            )
     rows = [c for k, c in store.cells.items() if k.split("-")[0] in datasets]
-    return images_report(rows, store.folder, ratios, seeds, epochs, depth)
+    return images_report(rows, store.folder, ratios, seeds, depth, args.quick)
 
 
 def images_report(
-    rows: list[dict], folder: Path, ratios: list[float], seeds: list[int], epochs: int, depth: int
+    rows: list[dict], folder: Path, ratios: list[float], seeds: list[int], depth: int, quick: bool
 ) -> dict:
     groups: dict[tuple[str, str, float], list[dict]] = {}
     for r in rows:
@@ -519,7 +562,10 @@ def images_report(
             )
         )
     lines = [
-        f"Image classification (max {epochs} epochs, depth {depth}, seeds {seeds}): accuracy mean ± std.",
+        f"Image classification (depth {depth}, seeds {seeds}, 8x8 patches, AdamW lr {IMAGE_LR:g}, batch "
+        f"{IMAGE_BATCH}; max epochs / patience "
+        + ", ".join(f"{image_schedule(r, quick)} at ratio {r:g}" for r in ratios)
+        + "): best validation accuracy, mean ± std over seeds.",
         "",
         "| dataset | ratio | model | params | accuracy | seeds |",
         "|---|---:|---|---:|---:|---:|",
@@ -573,7 +619,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", type=float, default=None, help="swe: training minutes per model")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--image-folder", type=Path, default=None, help="images: also a PatternNet-style folder")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (training)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (training; per job for images)")
+    parser.add_argument("--jobs", type=int, default=2, help="images: cells trained at once, in worker processes")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--amp", action="store_true", help="swe speed: bf16 autocast (GPU)")
     parser.add_argument("--fresh", action="store_true", help="ignore finished cells and start over")
@@ -583,6 +630,8 @@ def main(argv: list[str] | None = None) -> None:
     folder = args.out / (f"{args.task}_quick" if args.quick else args.task)
     if args.fresh and folder.exists():
         for path in (folder / "cells").glob("*.json"):
+            path.unlink()
+        for path in (folder / "runs").glob("*/last.*"):  # swe checkpoints that a resumed run would load
             path.unlink()
     store = CellStore(folder)
     if store.cells:
