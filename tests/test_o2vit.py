@@ -706,24 +706,28 @@ def _reflected_block_parts(layout: str):
 
 @pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
 def test_block_layers_on_the_reflected_stream_equal_the_plain_composition(layout):
-    """``layer(y, norm=norm) == H layer(norm(H y))`` with gradients; the folded weights are cached and
-    a changed norm is noticed."""
+    """The layers with their reflected weights read ``normalize_reflected(y)`` and give ``H layer(norm(H y))``,
+    with gradients; the weights follow a changed norm."""
     V, block = _reflected_block_parts(layout)
     norm = block.norm1
     y = torch.randn(2, 5, V.dim, dtype=torch.float64, requires_grad=True)
-    for layer in (block.attn, block.mlp):
-        out, out_ref = layer(y, norm=norm), norm.reflect(layer(norm(norm.reflect(y))))
+    reflected = {
+        "attn": lambda: block.attn.attend(norm.normalize_reflected(y), *block.attn.fused_weights_reflected(norm)),
+        "mlp": lambda: block.mlp.forward_with(norm.normalize_reflected(y), *block.mlp.folded_weights_reflected(norm)),
+    }
+    for name, layer in (("attn", block.attn), ("mlp", block.mlp)):
+        out, out_ref = reflected[name](), norm.reflect(layer(norm(norm.reflect(y))))
         torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-11)
         params = [y, *layer.parameters(), *norm.parameters()]
         for a, c in zip(_grads(out, params), _grads(out_ref, params)):
             torch.testing.assert_close(a, c, rtol=0, atol=1e-10)
         with torch.no_grad():
-            first = layer(y, norm=norm)
+            first = reflected[name]()
             norm.weight.mul_(1.5)
             torch.testing.assert_close(
-                layer(y, norm=norm), norm.reflect(layer(norm(norm.reflect(y)))), rtol=0, atol=1e-11
+                reflected[name](), norm.reflect(layer(norm(norm.reflect(y)))), rtol=0, atol=1e-11
             )
-            assert rel_err(layer(y, norm=norm), first) > 1e-3
+            assert rel_err(reflected[name](), first) > 1e-3
 
 
 @pytest.mark.parametrize("swap", [None, "mlp"])

@@ -161,32 +161,17 @@ class IrrepAttention(DerivedCache):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """:meth:`fused_weights` for a residual stream in ``norm``'s reflected basis: the norm's
         reflection and affine folded into qkv (:meth:`IrrepLayerNorm.fold`), the reflection into the
-        projection (:meth:`IrrepLayerNorm.fold_output`)."""
-        modules, params = self._modules, norm._parameters
-        sources = [
-            *modules["q"].leaves(), *modules["k"].leaves(), *modules["v"].leaves(), *modules["proj"].leaves(),
-            params["weight"], params["bias"],
-        ]  # fmt: skip
+        projection (:meth:`IrrepLayerNorm.fold_output`). Not cached here: :class:`IrrepBlock` caches
+        it with the MLP's behind one check. ``attend(norm.normalize_reflected(H x), *these)`` is
+        ``H attn(norm(x))``."""
+        qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
+        return (*norm.fold(qkv_w, qkv_b), *norm.fold_output(proj_w, proj_b))
 
-        def compute():
-            qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
-            return (*norm.fold(qkv_w, qkv_b), *norm.fold_output(proj_w, proj_b))
-
-        return self.derived("fused_reflected", sources, compute)
-
-    def forward(
-        self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0, norm: IrrepLayerNorm | None = None
-    ) -> torch.Tensor:
-        """``x [B, N, dim] -> [B, N, dim]``.
-
-        With ``norm``, ``x`` is a residual stream in ``norm``'s reflected basis and the result is
-        ``H attn(norm(H x))``, computed from one ``F.layer_norm`` and folded weights.
-        """
+    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """``x [B, N, dim] -> [B, N, dim]``."""
         if rope is not None:
             raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
-        if norm is None:
-            return self.attend(x, *self.fused_weights())
-        return self.attend(norm.normalize_reflected(x), *self.fused_weights_reflected(norm))
+        return self.attend(x, *self.fused_weights())
 
     def attend(
         self,

@@ -48,27 +48,18 @@ class IrrepMlp(DerivedCache):
         self, norm: IrrepLayerNorm
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """:meth:`folded_weights` for a residual stream in ``norm``'s reflected basis (read by ``W1'``,
-        written by ``W2'``)."""
-        fc1, fc2 = self._modules["fc1"], self._modules["fc2"]
+        written by ``W2'``); not cached here, see :meth:`IrrepAttention.fused_weights_reflected`."""
+        w1, b1, w2, b2 = self.folded_weights()
+        return (*norm.fold(w1, b1), *norm.fold_output(w2, b2))
 
-        def compute():
-            w1, b1, w2, b2 = self.folded_weights()
-            return (*norm.fold(w1, b1), *norm.fold_output(w2, b2))
-
-        params = norm._parameters
-        return self.derived(
-            "folded_reflected", [*fc1.leaves(), *fc2.leaves(), params["weight"], params["bias"]], compute
-        )
-
-    def forward(self, x: torch.Tensor, norm: IrrepLayerNorm | None = None) -> torch.Tensor:
-        """``x [..., dim] -> [..., dim]``; with ``norm``, ``x`` and the result are in its reflected basis
-        (``H mlp(norm(H x))``, see :class:`IrrepAttention`)."""
-        if norm is None:
-            w1, b1, w2, b2 = self.folded_weights()
-        else:
-            w1, b1, w2, b2 = self.folded_weights_reflected(norm)
-            x = norm.normalize_reflected(x)
+    def forward_with(
+        self, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x [..., dim] -> [..., dim]`` with given folded weights (:meth:`folded_weights` or a reflected form)."""
         return F.linear(self.act.act(F.linear(x, w1, b1)), w2, b2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with(x, *self.folded_weights())
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """``fc2(FT sigma FT^-1 fc1(x))`` with the dense Fourier basis (eq. 10)."""
@@ -131,10 +122,9 @@ class IrrepBlock(DerivedCache):
             x = x + self.drop_path1(attn(norm1(x), rope, num_prefix_tokens))
             return x + self.drop_path2(mlp(norm2(x)))
         if rope is None and isinstance(attn, IrrepAttention) and isinstance(mlp, IrrepMlp):
-            attn_weights, (w1, b1, w2, b2) = self.reflected_weights()
+            attn_weights, mlp_weights = self.reflected_weights()
             x = x + self.drop_path1(attn.attend(norm1.normalize_reflected(x), *attn_weights))
-            hidden = mlp.act.act(F.linear(norm2.normalize_reflected(x), w1, b1))
-            return x + self.drop_path2(F.linear(hidden, w2, b2))
+            return x + self.drop_path2(mlp.forward_with(norm2.normalize_reflected(x), *mlp_weights))
         # A swapped-in layer sees and returns irrep-wise tokens.
         x = x + self.drop_path1(norm1.reflect(attn(norm1(norm1.reflect(x)), rope, num_prefix_tokens)))
         return x + self.drop_path2(norm2.reflect(mlp(norm2(norm2.reflect(x)))))
