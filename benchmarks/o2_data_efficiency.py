@@ -32,6 +32,7 @@ import json
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,7 @@ def build(grid: str, group: str, copies: int, depth: int, patch_size: int | None
     return eqvit.create_model("o2vit_hex_s", n_patch_side=HEX_GRID[0], n_pixel_side=HEX_GRID[1], **common)
 
 
+@cache  # builds up to ~30 models; every run and ablation cell of a group asks again
 def matched_copies(grid: str, group: str, target: int, depth: int, patch_size: int | None = 8) -> tuple[int, int]:
     """Regular copies (a multiple of 3, one per head) whose parameter count is closest to ``target``."""
     best = None
