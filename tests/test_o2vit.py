@@ -747,6 +747,20 @@ def test_block_on_the_reflected_stream_is_the_reflected_block(swap):
             assert rel_err(after, before) > 1e-4
 
 
+def test_block_overwrite_adds_into_its_input_only_without_autograd():
+    V, block = _reflected_block_parts("coupled")
+    y = block.norm1.reflect(torch.randn(2, 5, V.dim, dtype=torch.float64))
+    expected = block(y, reflected=True)
+    kept = y.clone()
+    out = block(y, reflected=True, overwrite=True)  # autograd on: the input must stay as it was
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(y, kept, rtol=0, atol=0)
+    with torch.no_grad():
+        out = block(y, reflected=True, overwrite=True)
+    assert out.data_ptr() == y.data_ptr()
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3")])
 def test_irrep_vit_equals_the_plain_composition(grid, group):
     model = randomise_(tiny(grid, group)).double().eval()
@@ -759,6 +773,32 @@ def test_irrep_vit_equals_the_plain_composition(grid, group):
             tokens = block(tokens, None, model.num_prefix_tokens)
         torch.testing.assert_close(model.forward_features(x), model.norm(tokens), rtol=0, atol=1e-12)
         torch.testing.assert_close(model(x), model.head(model.norm(tokens)), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3"), ("square", "C1")])
+def test_irrep_vit_folds_the_entry_reflection_into_the_embedding(grid, group):
+    model = randomise_(tiny(grid, group)).double().eval()
+    shape = model.domain.shape if grid == "square" else (len(model.domain.points),)
+    x = torch.randn(2, 3, *shape, dtype=torch.float64)
+    reference = model.norm.reflect(model.embed_tokens(x))
+    stream = model.embed_stream(x)  # autograd on: the concatenating path
+    torch.testing.assert_close(stream, reference, rtol=0, atol=1e-12)
+    params = [*model.tokenizer.parameters(), *model.posenc.parameters()]
+    for a, c in zip(_grads(stream, params), _grads(reference, params)):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-11)
+    with torch.no_grad():  # cached reflected weights, written straight into the stream
+        torch.testing.assert_close(model.embed_stream(x), reference, rtol=0, atol=1e-12)
+        model.tokenizer.cls_token.add_(0.5)  # the cache follows in-place updates
+        model.posenc.pos_embed[0].mul_(2.0)
+        torch.testing.assert_close(
+            model.embed_stream(x), model.norm.reflect(model.embed_tokens(x)), rtol=0, atol=1e-12
+        )
+    model.pos_drop.p = 0.5  # token dropout does not commute with H: the reflection is applied after it
+    model.train()
+    torch.manual_seed(0)
+    dropped = model.embed_stream(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(dropped, model.norm.reflect(model.embed_tokens(x)), rtol=0, atol=1e-12)
 
 
 def test_irrep_vit_rejects_norms_with_another_centre():

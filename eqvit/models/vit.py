@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
 from eqvit.nn.layers import Block
 from eqvit.nn.norm import IrrepLayerNorm
@@ -142,7 +143,7 @@ class EquivariantViT(nn.Module):
         return out + x if self.residual else out
 
 
-class IrrepViT(EquivariantViT):
+class IrrepViT(EquivariantViT, DerivedCache):
     """:class:`EquivariantViT` on irrep-wise tokens (the O(2)-subgroup ViTs) with a reflected residual stream.
 
     The stream between the blocks is kept as ``H x``, ``H`` the Householder reflection of the norms
@@ -166,22 +167,58 @@ class IrrepViT(EquivariantViT):
                 if not torch.equal(norm._exact_masters["reflect_row"], reflection):
                     raise ValueError(f"block {i} centres a norm on other coordinates than the final norm")
 
-    def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """:meth:`EquivariantViT.embed_tokens`; with a planar tokenizer and an invariant APE the encoding
-        is added to the patch tokens before the class token joins them (one concatenation, not two)."""
-        tokenizer, posenc = self.tokenizer, self.posenc
-        if not (isinstance(tokenizer, PlanarTokenizer) and isinstance(posenc, InvariantAPE)):
-            return super().embed_tokens(x)
-        tokens = posenc.add_to_tokens(tokenizer.patch_tokens(self.input_encoding(x)))
-        if tokenizer.cls_token is not None:
-            tokens = torch.cat([tokenizer.class_token().expand(tokens.shape[0], 1, -1), tokens], dim=1)
-        return self.pos_drop(tokens)
+    def _folds_embedding(self) -> bool:
+        """Whether the entry reflection can be folded into the embedding: a planar tokenizer, an invariant
+        APE and no active token dropout (dropout does not commute with ``H``)."""
+        return (
+            isinstance(self.tokenizer, PlanarTokenizer)
+            and isinstance(self.posenc, InvariantAPE)
+            and not (self.training and self.pos_drop.p > 0)
+        )
+
+    def reflected_embedding(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(H F [dim, in_chans * K], H b, P H [M, dim], H cls [dim] or None)``: the patch filters, bias,
+        APE and class token of a planar tokenizer with an invariant APE, reflected into the stream's
+        basis (cached while no gradient is recorded)."""
+        tokenizer, posenc, norm = self.tokenizer, self.posenc, self.norm
+        embed, cls = tokenizer.embed, tokenizer._parameters["cls_token"]
+
+        def compute():
+            filters, bias = embed.dense()
+            pos = posenc.embedding()
+            return (
+                norm.reflect(filters.T).T,  # H is symmetric: H F = (F^T H)^T
+                None if bias is None else norm.reflect(bias),
+                norm.reflect(pos),
+                None if cls is None else norm.reflect(tokenizer.class_token()),
+            )
+
+        sources = [*embed.proj.leaves(), embed._buffers["filter_basis"], cls, *posenc.parameters()]
+        sources += [*norm._buffers.values(), *posenc._buffers.values()]
+        return self.derived("reflected_embedding", sources, compute)
+
+    def embed_stream(self, x: torch.Tensor) -> torch.Tensor:
+        """Input -> the residual stream entering the blocks, ``H embed_tokens(x)`` ``[B, N, dim]``, a fresh
+        tensor. With a planar tokenizer and an invariant APE, ``H`` is folded into their weights."""
+        if not self._folds_embedding():
+            return self.norm.reflect(self.embed_tokens(x))
+        filters, bias, pos, cls = self.reflected_embedding()
+        patches = self.tokenizer.patch_tokens_with(self.input_encoding(x), filters, bias)  # [B, M, dim]
+        if cls is None:
+            return self.pos_drop(patches + pos)
+        B, M, dim = patches.shape
+        if torch.is_grad_enabled():
+            return self.pos_drop(torch.cat([cls.expand(B, 1, dim), patches + pos], dim=1))
+        stream = patches.new_empty(B, 1 + M, dim)  # without autograd: add straight into the stream
+        stream[:, 0] = cls
+        torch.add(patches, pos, out=stream[:, 1:])
+        return self.pos_drop(stream)
 
     def forward_stream(self, x: torch.Tensor) -> torch.Tensor:
         """Input -> the residual stream after the blocks, ``H x`` ``[B, N, dim]`` (not normalised)."""
-        stream = self.norm.reflect(self.embed_tokens(x))
+        stream = self.embed_stream(x)  # a fresh tensor: the blocks may add into it
         for block in self.blocks:
-            stream = block(stream, self.rope, self.num_prefix_tokens, reflected=True)
+            stream = block(stream, self.rope, self.num_prefix_tokens, reflected=True, overwrite=True)
         return stream
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -115,7 +115,17 @@ class IrrepBlock(DerivedCache):
             "reflected", sources, lambda: (attn.fused_weights_reflected(norm1), mlp.folded_weights_reflected(norm2))
         )
 
-    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0, reflected: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope=None,
+        num_prefix_tokens: int = 0,
+        reflected: bool = False,
+        overwrite: bool = False,
+    ) -> torch.Tensor:
+        """``x [B, N, dim] -> [B, N, dim]``; ``overwrite=True`` lets the fast reflected path add the
+        residuals into ``x`` itself (for a caller that owns ``x`` and records no gradient: it saves an
+        allocation and a pass over fresh memory per residual)."""
         modules = self._modules
         attn, mlp, norm1, norm2 = modules["attn"], modules["mlp"], modules["norm1"], modules["norm2"]
         if not reflected:
@@ -123,6 +133,9 @@ class IrrepBlock(DerivedCache):
             return x + self.drop_path2(mlp(norm2(x)))
         if rope is None and isinstance(attn, IrrepAttention) and isinstance(mlp, IrrepMlp):
             attn_weights, mlp_weights = self.reflected_weights()
+            if overwrite and not torch.is_grad_enabled():
+                x.add_(self.drop_path1(attn.attend(norm1.normalize_reflected(x), *attn_weights)))
+                return x.add_(self.drop_path2(mlp.forward_with(norm2.normalize_reflected(x), *mlp_weights)))
             x = x + self.drop_path1(attn.attend(norm1.normalize_reflected(x), *attn_weights))
             return x + self.drop_path2(mlp.forward_with(norm2.normalize_reflected(x), *mlp_weights))
         # A swapped-in layer sees and returns irrep-wise tokens.

@@ -173,7 +173,12 @@ class PlanarTokenizer(DerivedCache):
 
     def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, *spatial] -> [B, M, V.dim]``: unfold and embed (eq. 6-7), without the class token."""
-        return self.embed(self.unfold(x))
+        return self.patch_tokens_with(x, *self.embed.dense())
+
+    def patch_tokens_with(self, x: torch.Tensor, filters: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`patch_tokens` with given dense ``filters [D, in_chans * K]`` and ``bias [D]`` (e.g. a
+        linear map of :meth:`GroupPatchEmbed.dense` folded in); ``[B, C, *spatial] -> [B, M, D]``."""
+        return F.linear(self.unfold(x), filters, bias)
 
     def patch_tokens_reference(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`patch_tokens` by the generic gather-unfold and the block-wise reference filters."""

@@ -54,13 +54,12 @@ class SquarePatchTokenizer(PlanarTokenizer):
         q, P = self.img_size // self.patch_size, self.patch_size
         return x.reshape(B, C, q, P, q, P).permute(0, 2, 4, 1, 3, 5).reshape(B, q * q, C * P * P)
 
-    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, S, S] -> [B, q^2, V.dim]``: ``F.conv2d`` with the filters ``[V.dim, C, P, P]``, stride P.
+    def patch_tokens_with(self, x: torch.Tensor, filters: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``[B, C, S, S] -> [B, q^2, D]``: ``F.conv2d`` with the filters viewed as ``[D, C, P, P]``, stride P.
 
         The filters are flattened channel-major with pixel ``r P + c`` (:func:`square_patch_layout`),
-        so the view is exact and the output equals ``embed(unfold(x))``.
+        so the view is exact and the output equals ``F.linear(unfold(x), filters, bias)``.
         """
-        w, b = self.embed.dense()
         P = self.patch_size
-        out = F.conv2d(x, w.view(w.shape[0], self.in_chans, P, P), b, stride=P)  # [B, D, q, q]
+        out = F.conv2d(x, filters.view(filters.shape[0], self.in_chans, P, P), bias, stride=P)  # [B, D, q, q]
         return out.flatten(2).transpose(1, 2)
