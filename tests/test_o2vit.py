@@ -790,9 +790,7 @@ def test_irrep_vit_folds_the_entry_reflection_into_the_embedding(grid, group):
         torch.testing.assert_close(model.embed_stream(x), reference, rtol=0, atol=1e-12)
         model.tokenizer.cls_token.add_(0.5)  # the cache follows in-place updates
         model.posenc.pos_embed[0].mul_(2.0)
-        torch.testing.assert_close(
-            model.embed_stream(x), model.norm.reflect(model.embed_tokens(x)), rtol=0, atol=1e-12
-        )
+        torch.testing.assert_close(model.embed_stream(x), model.norm.reflect(model.embed_tokens(x)), rtol=0, atol=1e-12)
     model.pos_drop.p = 0.5  # token dropout does not commute with H: the reflection is applied after it
     model.train()
     torch.manual_seed(0)
