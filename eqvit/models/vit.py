@@ -149,7 +149,10 @@ class IrrepViT(EquivariantViT, DerivedCache):
     The stream between the blocks is kept as ``H x``, ``H`` the Householder reflection of the norms
     (:mod:`eqvit.nn.norm`), so each block norm is one ``F.layer_norm`` like timm's; tokens enter it
     after the positional encoding and leave it before the final norm, so :meth:`forward_features`
-    returns irrep-wise normalised tokens ``[B, N, dim]``. With an :class:`InvariantHead` (it reads
+    returns irrep-wise normalised tokens ``[B, N, dim]``. With a planar tokenizer and an invariant
+    APE, ``H`` is folded into the patch filters, the encoding and the class token
+    (:meth:`reflected_embedding`); without autograd the blocks add their residuals into the stream
+    in place. With an :class:`InvariantHead` (it reads
     the class token), :meth:`forward` normalises the class token only. Takes the arguments of
     :class:`EquivariantViT`; every block must be an :class:`IrrepBlock` whose norms share the final
     norm's centre.
@@ -181,13 +184,13 @@ class IrrepViT(EquivariantViT, DerivedCache):
         APE and class token of a planar tokenizer with an invariant APE, reflected into the stream's
         basis (cached while no gradient is recorded)."""
         tokenizer, posenc, norm = self.tokenizer, self.posenc, self.norm
-        embed, cls = tokenizer.embed, tokenizer._parameters["cls_token"]
+        embed, cls = tokenizer.embed, tokenizer.cls_token
 
         def compute():
             filters, bias = embed.dense()
             pos = posenc.embedding()
             return (
-                norm.reflect(filters.T).T,  # H is symmetric: H F = (F^T H)^T
+                norm.reflect(filters.T).T.contiguous(),  # H is symmetric: H F = (F^T H)^T
                 None if bias is None else norm.reflect(bias),
                 norm.reflect(pos),
                 None if cls is None else norm.reflect(tokenizer.class_token()),
