@@ -8,8 +8,8 @@ with irrep-wise attention (3 heads per irrep, 15 heads in all), against the timm
 (``timm.create_model("vit_tiny_patch16_224", img_size=256, embed_dim=D, depth=6, num_heads=3,
 mlp_ratio=2.0)``).
 
-The models run interleaved (every repeat times each model once, in turn) so that load from other
-jobs on a shared machine hits all of them alike; medians are reported with the load average.
+The models run interleaved (every repeat times each model once, in an order that rotates from one
+repeat to the next) so that load from other jobs on a shared machine hits all of them alike; medians are reported with the load average.
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add; matmuls,
 convolutions and attention; elementwise ops are not counted) for a steady-state inference forward
 (dense weights, patch filters and APE cached, as in the timed loop) and, separately, for the first
@@ -116,8 +116,11 @@ def interleaved_times(
         for name in models:  # warm-up (builds the cached dense weights)
             forward(name)
             forward(name)
-        for _ in range(repeats):
-            for name in models:
+        names = list(models)
+        for r in range(repeats):
+            # The order rotates every round: a model that always ran right after the same other one
+            # would inherit that one's cache and allocator state in every round.
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(_device.time_ms(lambda name=name: forward(name), device) / 1e3)
     return times
 
