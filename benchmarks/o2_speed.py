@@ -9,7 +9,8 @@ with irrep-wise attention (3 heads per irrep, 15 heads in all), against the timm
 mlp_ratio=2.0)``).
 
 The models run interleaved (every repeat times each model once, in an order that rotates from one
-repeat to the next) so that load from other jobs on a shared machine hits all of them alike; medians are reported with the load average.
+repeat to the next) so that load from other jobs on a shared machine hits all of them alike;
+medians are reported with the load average.
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add; matmuls,
 convolutions and attention; elementwise ops are not counted) for a steady-state inference forward
 (dense weights, patch filters and APE cached, as in the timed loop) and, separately, for the first
