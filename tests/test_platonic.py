@@ -21,7 +21,7 @@ from torch import nn
 import eqvit
 from eqvit.groups import get_group
 from eqvit.models.platonic import sphere_frames
-from eqvit.nn.platonic import PlatonicAttention, PlatonicBlock
+from eqvit.nn.platonic import InvariantPoolHead, PlatonicAttention, PlatonicBlock
 from eqvit.nn.posenc.frame_rope import FrameRoPE, rotate_pairs
 from eqvit.nn.regular import (
     FOURIER_COST_RATIO,
@@ -322,6 +322,45 @@ def test_frame_rope_with_unshared_frequencies_breaks_equivariance():
     assert (shared - frame_action(group, 5, attn(x, rope.bind(pos)))).abs().max() < 1e-10
 
 
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("name", ["C4", "D4", "O"])
+def test_invariant_pool_head_is_invariant_to_the_frames(name, pool):
+    group = get_group(name)
+    torch.manual_seed(0)
+    head = randomise_(InvariantPoolHead(group, channels=3, num_classes=5, pool=pool)).double()
+    x = torch.randn(2, 7, group.order * 3, dtype=torch.float64)
+    y = head(x)
+    assert y.shape == (2, 5)
+    for g in range(group.order):
+        torch.testing.assert_close(head(frame_action(group, g, x)), y, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+def test_invariant_pool_head_pooling_the_wrong_axis_is_not_invariant(pool, monkeypatch):
+    """Pooling channels within each frame instead of frames leaves the logits frame-dependent."""
+    group = get_group("D4")
+    torch.manual_seed(0)
+    head = randomise_(InvariantPoolHead(group, channels=3, num_classes=5, pool=pool)).double()
+    reduce = {"mean": lambda t: t.mean(-1), "max": lambda t: t.amax(-1)}[pool]
+    monkeypatch.setattr(head, "pool", lambda x: reduce(x.unflatten(-1, (head.order, -1))).repeat(1, 3)[:, :24])
+    x = torch.randn(2, 7, group.order * 3, dtype=torch.float64)
+    worst = max((head(frame_action(group, g, x)) - head(x)).abs().max().item() for g in range(group.order))
+    assert worst > 1e-3
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+def test_point_cloud_model_is_invariant_with_either_head_pool(pool):
+    torch.manual_seed(0)
+    model = randomise_(eqvit.create_model("platonic_points_tiny", group="T", head_pool=pool))
+    assert model.head.pool_mode == pool
+    assert assert_equivariant(model).max_relative_error < 1e-9
+
+
+def test_image_and_point_models_default_to_their_measured_head_pools():
+    assert eqvit.create_model("platonic_image_tiny").head.pool_mode == "max"
+    assert eqvit.create_model("platonic_points_tiny").head.pool_mode == "mean"
+
+
 # ------------------------------------------------------------------------------------------------
 # models
 
@@ -428,6 +467,8 @@ def test_block_prefers_fourier_linears_when_cheaper():
         ("platonic_sphere_tiny", dict(group="D4"), "unknown frames 'D4' for the sphere"),
         ("platonic_points_tiny", dict(impl="sparse"), "unknown impl 'sparse'"),
         ("platonic_points_tiny", dict(scores="pooled"), "unknown scores 'pooled'"),
+        ("platonic_image_tiny", dict(head_pool="sum"), "unknown frame pooling 'sum'; valid: mean, max"),
+        ("platonic_sphere_tiny", dict(head_pool="max"), "head_pool applies to the classifiers"),
     ],
 )
 def test_bad_configuration_is_a_value_error(name, kwargs, message):

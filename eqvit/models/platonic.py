@@ -159,8 +159,14 @@ def build_platonic(
     latitude_degree: int = 8,
     residual: bool = False,
     num_points: int = 64,
+    head_pool: str | None = None,
 ) -> EquivariantViT:
-    """Build a Platonic Transformer of ``kind`` ``"points"``, ``"image"`` or ``"sphere"``."""
+    """Build a Platonic Transformer of ``kind`` ``"points"``, ``"image"`` or ``"sphere"``.
+
+    ``head_pool`` is the classifier's pooling over frames (:class:`InvariantPoolHead`): ``None``
+    takes ``"max"`` for images and ``"mean"`` for point clouds, the one measured on each task's
+    benchmark; sphere models have a dense head and take none.
+    """
     config = {k: v for k, v in locals().items()}
     symmetry: FiniteGroup
     if kind == "points":
@@ -175,6 +181,8 @@ def build_platonic(
         raise ValueError(f"unknown kind {kind!r}; valid: points, image, sphere")
     if kind != "sphere" and (symmetry_breaking is not None or residual):
         raise ValueError(f"symmetry_breaking and residual apply to sphere models only, not kind {kind!r}")
+    if kind == "sphere" and head_pool is not None:
+        raise ValueError("head_pool applies to the classifiers (points, image), not to sphere models")
     if symmetry_breaking not in SYMMETRY_BREAKING:
         raise ValueError(f"unknown symmetry_breaking {symmetry_breaking!r}; valid: None, 'latitude'")
     heads = default_heads(frames, num_heads)
@@ -214,7 +222,7 @@ def build_platonic(
         rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
         model = PointCloudViT(
             tokenizer=LiftedPointEmbed(frames, in_chans, channels),
-            head=InvariantPoolHead(frames, channels, num_classes or 10, drop=drop_rate),
+            head=InvariantPoolHead(frames, channels, num_classes or 10, drop=drop_rate, pool=head_pool or "mean"),
             posenc=FrameRoPE(frames, heads, channels // heads, **rope_args),
             domain=PointCloudDomain(3, num_points),
             out_chans=num_classes or 10,
@@ -227,7 +235,7 @@ def build_platonic(
         rope_args.update(min_wavelength=min_wavelength or 2.0, max_wavelength=max_wavelength or 4.0 * side)
         model = EquivariantViT(
             tokenizer=tokenizer,
-            head=InvariantPoolHead(frames, channels, num_classes or 10, drop=drop_rate),
+            head=InvariantPoolHead(frames, channels, num_classes or 10, drop=drop_rate, pool=head_pool or "max"),
             posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
             domain=PointDomain(
                 square_grid(img_size, img_size),
