@@ -96,6 +96,23 @@ def machine() -> dict[str, Any]:
     }
 
 
+def past_invocations(folder: Path) -> list[dict[str, Any]]:
+    """The runs that produced ``folder``'s cells so far, from its previous ``results.json``.
+
+    A resumed ablation (or a rerun that only redraws the report) appends to this history instead of
+    replacing the machine, load and wall time of the runs that did the work.
+    """
+    path = folder / "results.json"
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    if "invocations" in old:
+        return old["invocations"]
+    if "machine" in old:  # results written before the history was kept: one run, cells unknown
+        return [{"machine": old["machine"], "wall_minutes": old.get("wall_minutes"), "cells_added": None}]
+    return []
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
@@ -196,7 +213,8 @@ def run_swe(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
     for label, trainer in trainers.items():
         summary = trainer.finish()
         error_map = trainer.final_evaluation["error_map"]
-        np.save(store.folder / "runs" / slug(label) / "error_map.npy", error_map.numpy())
+        # beside the cells (committed), not under runs/ (checkpoints, ignored): the report redraws from it
+        np.save(error_map_path(store, label), error_map.numpy().astype(np.float32))
         store.put(
             f"train-{slug(label)}",
             {
@@ -210,6 +228,7 @@ def run_swe(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
                 "metrics": summary["metrics"],
                 "persistence": summary.get("persistence"),
                 "on_grid": trainer.task.on_grid,
+                "machine": machine(),
             },
         )
     if not store.done("speed"):
@@ -298,11 +317,15 @@ def swe_report(specs: dict, args: argparse.Namespace, store: CellStore, minutes:
 def swe_pareto_plot(rows: list[dict[str, Any]], folder: Path) -> str:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    for r in rows:
-        ax.scatter(r["seconds_per_step"], r["rel_l2"], s=40)
-        ax.annotate(
-            r["label"], (r["seconds_per_step"], r["rel_l2"]), fontsize=8, xytext=(4, 3), textcoords="offset points"
-        )
+    span = max(r["rel_l2"] for r in rows) - min(r["rel_l2"] for r in rows) or 1.0
+    placed: list[tuple[float, float]] = []
+    for r in sorted(rows, key=lambda r: -r["rel_l2"]):
+        x, y = r["seconds_per_step"], r["rel_l2"]
+        ax.scatter(x, y, s=40)
+        # labels of near-coincident points stack downwards instead of printing over each other
+        crowd = sum(abs(np.log10(x / px)) < 0.3 and abs(y - py) < 0.06 * span for px, py in placed)
+        placed.append((x, y))
+        ax.annotate(r["label"], (x, y), fontsize=8, xytext=(6, 3 - 11 * crowd), textcoords="offset points")
     ax.set_xscale("log")
     from matplotlib.ticker import NullFormatter
 
@@ -328,12 +351,33 @@ def nearest_vertex_raster(vertices: np.ndarray, nlat: int = 180, nlon: int = 360
     return index.reshape(nlat, nlon)
 
 
+def error_map_path(store: CellStore, label: str) -> Path:
+    """Where one model's final error map ``[V]`` is kept, next to its training cell."""
+    return store.folder / "cells" / f"error_map-{slug(label)}.npy"
+
+
 def swe_error_maps(specs: dict, store: CellStore) -> str:
     """Mean absolute error of every model on one colour scale, side by side (lon/lat)."""
     plt = _pyplot()
     from eqvit.geometry import icosphere
 
-    maps = {label: np.load(store.folder / "runs" / slug(label) / "error_map.npy") for label in specs}
+    # runs/<model>/error_map.npy: where results written before the maps moved beside the cells keep them
+    paths = {
+        label: next(
+            (
+                p
+                for p in (error_map_path(store, label), store.folder / "runs" / slug(label) / "error_map.npy")
+                if p.exists()
+            ),
+            None,
+        )
+        for label in specs
+    }
+    missing = [label for label, p in paths.items() if p is None]
+    if missing:
+        print(f"error maps not found for {missing}: error_maps.png not redrawn", flush=True)
+        return "error_maps.png"
+    maps = {label: np.load(path) for label, path in paths.items()}
     vmax = max(float(np.percentile(m, 99)) for m in maps.values())
     cols = 2
     rows = math.ceil(len(maps) / cols)
@@ -636,11 +680,15 @@ def main(argv: list[str] | None = None) -> None:
     store = CellStore(folder)
     if store.cells:
         print(f"resuming: {len(store.cells)} finished cells in {folder / 'cells'}", flush=True)
+    cells_before = set(store.cells)
     started = time.perf_counter()
     report = TASKS[args.task](args, store)
-    report.update(
-        task=args.task, quick=args.quick, machine=machine(), wall_minutes=(time.perf_counter() - started) / 60
+    this_run = dict(
+        machine=machine(),
+        wall_minutes=(time.perf_counter() - started) / 60,
+        cells_added=sorted(set(store.cells) - cells_before),
     )
+    report.update(task=args.task, quick=args.quick, invocations=past_invocations(folder) + [this_run])
     (folder / "results.json").write_text(json.dumps({k: v for k, v in report.items() if k != "table"}, indent=2))
     (folder / "results.md").write_text(report["table"] + "\n")
     print(report["table"])
