@@ -342,7 +342,8 @@ def test_invariant_pool_head_pooling_the_wrong_axis_is_not_invariant(pool, monke
     torch.manual_seed(0)
     head = randomise_(InvariantPoolHead(group, channels=3, num_classes=5, pool=pool)).double()
     reduce = {"mean": lambda t: t.mean(-1), "max": lambda t: t.amax(-1)}[pool]
-    monkeypatch.setattr(head, "pool", lambda x: reduce(x.unflatten(-1, (head.order, -1))).repeat(1, 3)[:, :24])
+    order = head.pool.order
+    monkeypatch.setattr(head.pool, "forward", lambda x: reduce(x.unflatten(-1, (order, -1))).repeat(1, 3)[:, :24])
     x = torch.randn(2, 7, group.order * 3, dtype=torch.float64)
     worst = max((head(frame_action(group, g, x)) - head(x)).abs().max().item() for g in range(group.order))
     assert worst > 1e-3

@@ -182,14 +182,20 @@ class PlatonicBlock(nn.Module):
 
 
 class FramePool(nn.Module):
-    """Average over frames: regular features ``[..., |G| * C]`` -> invariant ``[..., C]``."""
+    """Average or maximum over frames: regular features ``[..., |G| * C]`` -> invariant ``[..., C]``."""
 
-    def __init__(self, group_order: int) -> None:
+    def __init__(self, group_order: int, mode: str = "mean") -> None:
         super().__init__()
-        self.order = group_order
+        if mode not in FRAME_POOLS:
+            raise ValueError(f"unknown frame pooling {mode!r}; valid: {', '.join(FRAME_POOLS)}")
+        self.order, self.mode = group_order, mode
+
+    def extra_repr(self) -> str:
+        return f"order={self.order}, mode={self.mode!r}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.unflatten(-1, (self.order, -1)).mean(-2)
+        frames = x.unflatten(-1, (self.order, -1))
+        return frames.mean(-2) if self.mode == "mean" else frames.amax(-2)
 
 
 class InvariantPoolHead(nn.Module):
@@ -225,10 +231,8 @@ class InvariantPoolHead(nn.Module):
         pool: str = "mean",
     ) -> None:
         super().__init__()
-        if pool not in FRAME_POOLS:
-            raise ValueError(f"unknown frame pooling {pool!r}; valid: {', '.join(FRAME_POOLS)}")
+        self.pool = FramePool(group.order, pool)  # validates ``pool``
         hidden = hidden or group.order * channels
-        self.order, self.pool_mode = group.order, pool
         self.lift = GroupConvLinear(group, channels, hidden, impl="cayley")
         # Fan-in init: the input is LayerNorm-ed, so pre-activations are O(1) and the GELU is nonlinear.
         nn.init.normal_(self.lift.weight, std=(group.order * channels) ** -0.5)
@@ -236,13 +240,10 @@ class InvariantPoolHead(nn.Module):
         self.drop = nn.Dropout(drop)
         self.fc = nn.Linear(hidden, num_classes)
 
-    def extra_repr(self) -> str:
-        return f"pool={self.pool_mode!r}"
-
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., |G| K] -> [..., K]``: the frame average or maximum."""
-        frames = x.unflatten(-1, (self.order, -1))
-        return frames.mean(-2) if self.pool_mode == "mean" else frames.amax(-2)
+    @property
+    def pool_mode(self) -> str:
+        """``"mean"`` or ``"max"``: how the frames are pooled."""
+        return self.pool.mode
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, N, |G| C] -> logits [B, classes]``, invariant to the frames' action."""
