@@ -356,23 +356,21 @@ def error_map_path(store: CellStore, label: str) -> Path:
     return store.folder / "cells" / f"error_map-{slug(label)}.npy"
 
 
+def find_error_map(store: CellStore, label: str) -> Path | None:
+    """The saved error map of one model, or None; runs/ is where results from before the maps
+    moved beside the cells keep theirs."""
+    for path in (error_map_path(store, label), store.folder / "runs" / slug(label) / "error_map.npy"):
+        if path.exists():
+            return path
+    return None
+
+
 def swe_error_maps(specs: dict, store: CellStore) -> str:
     """Mean absolute error of every model on one colour scale, side by side (lon/lat)."""
     plt = _pyplot()
     from eqvit.geometry import icosphere
 
-    # runs/<model>/error_map.npy: where results written before the maps moved beside the cells keep them
-    paths = {
-        label: next(
-            (
-                p
-                for p in (error_map_path(store, label), store.folder / "runs" / slug(label) / "error_map.npy")
-                if p.exists()
-            ),
-            None,
-        )
-        for label in specs
-    }
+    paths = {label: find_error_map(store, label) for label in specs}
     missing = [label for label, p in paths.items() if p is None]
     if missing:
         print(f"error maps not found for {missing}: error_maps.png not redrawn", flush=True)
@@ -445,6 +443,29 @@ def run_points(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
 
 
 IMAGE_PATCH = 8  # 8^2 patches of the 32^2 digits: the patch size the O(2) tuning picks (o2_data_efficiency.py)
+IMAGE_WIDTH = 48  # the Platonic and timm image models' embedding width
+
+
+def platonic_image_model(group: str, in_chans: int, num_classes: int, depth: int, **kwargs: Any) -> torch.nn.Module:
+    """The ablation's Platonic image classifier: width 48, 8^2 patches of the 32^2 image."""
+    import eqvit
+
+    return eqvit.create_model(
+        "platonic_image_s", group=group, embed_dim=IMAGE_WIDTH, depth=depth, in_chans=in_chans,
+        num_classes=num_classes, img_size=32, patch_size=IMAGE_PATCH, **kwargs,
+    )  # fmt: skip
+
+
+def timm_image_vit(in_chans: int, num_classes: int, depth: int) -> torch.nn.Module:
+    """The ablation's plain ViT: timm's, at the Platonic width, average-pooled, no class token."""
+    import timm
+
+    return timm.create_model(
+        "vit_tiny_patch16_224", img_size=32, patch_size=IMAGE_PATCH, embed_dim=IMAGE_WIDTH, depth=depth, num_heads=3,
+        in_chans=in_chans, num_classes=num_classes, global_pool="avg", class_token=False,
+    )  # fmt: skip
+
+
 IMAGE_LR = 3e-3  # likewise: the learning rate every square O(2) group picks on held-out digits
 IMAGE_BATCH = 16
 
@@ -453,7 +474,6 @@ def image_models(num_classes: int, in_chans: int, depth: int) -> dict[str, Calla
     """label -> builder. O(2) ViTs at ~20k parameters (matched regular copies), Platonic and timm at width 48;
     every square model on 8^2 patches of the 32^2 image (16 tokens)."""
     import o2_data_efficiency as o2
-    import timm
 
     import eqvit
 
@@ -470,22 +490,13 @@ def image_models(num_classes: int, in_chans: int, depth: int) -> dict[str, Calla
         return make
 
     def platonic(group: str) -> Callable[[], torch.nn.Module]:
-        return lambda: eqvit.create_model(
-            "platonic_image_s", group=group, embed_dim=48, depth=depth, in_chans=in_chans, num_classes=num_classes,
-            img_size=32, patch_size=IMAGE_PATCH,
-        )  # fmt: skip
-
-    def vit() -> torch.nn.Module:
-        return timm.create_model(
-            "vit_tiny_patch16_224", img_size=32, patch_size=IMAGE_PATCH, embed_dim=48, depth=depth, num_heads=3,
-            in_chans=in_chans, num_classes=num_classes, global_pool="avg", class_token=False,
-        )  # fmt: skip
+        return lambda: platonic_image_model(group, in_chans, num_classes, depth)
 
     models = {f"O(2) square {g}": o2vit("square", g) for g in ("D4", "C4", "D2", "C1")}
     models["O(2) square D4 irrep-wise"] = o2vit("square", "D4", "irrepwise")
     models.update({f"O(2) hex {g}": o2vit("hex", g) for g in ("D6", "C6", "D3")})
     models.update({f"Platonic {g}": platonic(g) for g in ("C4", "D4")})
-    models["timm ViT"] = vit
+    models["timm ViT"] = lambda: timm_image_vit(in_chans, num_classes, depth)
     return models
 
 

@@ -23,28 +23,20 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ablate import IMAGE_PATCH
+from ablate import IMAGE_WIDTH as WIDTH
+from ablate import platonic_image_model, timm_image_vit
+from so3vit_vs_s2transformer import count_params
 
 ROOT = Path(__file__).resolve().parents[1]
-DEPTH, WIDTH = 6, 48
+DEPTH = 6
 
 
 def build(label: str) -> torch.nn.Module:
     """``"timm"`` or ``"<frames> <pool>"`` (e.g. ``"C4 max"``): an ablation-sized image classifier."""
-    import timm
-
-    import eqvit
-
     if label == "timm":
-        return timm.create_model(
-            "vit_tiny_patch16_224", img_size=32, patch_size=IMAGE_PATCH, embed_dim=WIDTH, depth=DEPTH, num_heads=3,
-            in_chans=1, num_classes=10, global_pool="avg", class_token=False,
-        )  # fmt: skip
+        return timm_image_vit(in_chans=1, num_classes=10, depth=DEPTH)
     frames, pool = label.split()
-    return eqvit.create_model(
-        "platonic_image_s", group=frames, head_pool=pool, embed_dim=WIDTH, depth=DEPTH, in_chans=1, num_classes=10,
-        img_size=32, patch_size=IMAGE_PATCH,
-    )  # fmt: skip
+    return platonic_image_model(frames, in_chans=1, num_classes=10, depth=DEPTH, head_pool=pool)
 
 
 def fit(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float) -> dict:
@@ -64,7 +56,7 @@ def fit(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr
         "loss_last": losses[-1],
         "loss_min": min(losses),
         "s_per_step": (time.perf_counter() - start) / steps,
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": count_params(model),
     }
 
 
