@@ -13,7 +13,7 @@ from eqvit.nn.activation import FourierActivation
 from eqvit.nn.buffers import DerivedCache, ExactBuffers
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import DropPath
+from eqvit.nn.layers import DropPath, check_num_classes
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 
@@ -154,9 +154,13 @@ class InvariantHead(DerivedCache, ExactBuffers):
     sqrt(cls^2 @ S) @ W_norms^T + b`` (``A`` reads the trivial coordinates, ``S`` sums squares per
     group): four small ops instead of gathers, padding and concatenation.
 
+    The timm classifier interface: :meth:`pre_logits` gives the invariants ``[B, num_features]``
+    (after the dropout), ``fc`` is the classifier and :meth:`reset_classifier` replaces it;
+    ``num_classes = 0`` makes ``fc`` the identity, so the head returns the invariants.
+
     Args:
         ftype: token feature type V.
-        num_classes: logits.
+        num_classes: logits (0: no classifier, the head returns the invariants).
         drop: dropout before the classifier.
     """
 
@@ -191,9 +195,20 @@ class InvariantHead(DerivedCache, ExactBuffers):
             squares[g, k] = 1.0
         self.register_exact_buffer("trivial_select", torch.from_numpy(select))
         self.register_exact_buffer("group_squares", torch.from_numpy(squares))
-        self.num_invariants = len(trivial) + len(groups)
+        self.num_invariants = self.num_features = len(trivial) + len(groups)
         self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(self.num_invariants, num_classes)
+        self.reset_classifier(num_classes)
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh classifier ``fc`` of ``num_classes`` logits on the invariants; 0 makes it the identity."""
+        self.num_classes = check_num_classes(num_classes)
+        like = self.group_squares
+        self.fc = (
+            nn.Linear(self.num_invariants, num_classes, device=like.device, dtype=like.dtype)
+            if num_classes
+            else nn.Identity()
+        )
+        self.clear_derived_cache()
 
     def invariants(self, cls: torch.Tensor) -> torch.Tensor:
         """``[..., dim] -> [..., num_invariants]``: the trivial coordinates, then one norm per group."""
@@ -216,10 +231,15 @@ class InvariantHead(DerivedCache, ExactBuffers):
 
         return self.derived("folded", [weight, bias], compute)
 
+    def pre_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, N, dim] -> [B, num_features]``: the class token's invariants, after the dropout."""
+        return self.drop(self.invariants(tokens[:, 0]))
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, N, dim] -> logits [B, num_classes]`` (the invariants when ``num_classes`` is 0)."""
+        if torch.is_grad_enabled() or (self.training and self.drop.p > 0) or not isinstance(self.fc, nn.Linear):
+            return self.fc(self.pre_logits(tokens))
         cls = tokens[:, 0]
-        if torch.is_grad_enabled() or (self.training and self.drop.p > 0):
-            return self.fc(self.drop(self.invariants(cls)))
         reads_trivial, reads_norms, bias = self.folded()
         norms = torch.sqrt((cls * cls) @ self._buffers["group_squares"])
         return torch.addmm(torch.addmm(bias, cls, reads_trivial), norms, reads_norms)

@@ -9,6 +9,13 @@ from eqvit.nn.attention import Attention
 from eqvit.nn.posenc.base import PositionalScheme
 
 
+def check_num_classes(num_classes: int) -> int:
+    """``num_classes`` as an int, or a ValueError unless it is a non-negative integer (0: no classifier)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        raise ValueError(f"expected num_classes to be a non-negative integer (0: no classifier), got {num_classes!r}")
+    return num_classes
+
+
 class Mlp(nn.Module):
     """Two-layer MLP applied per token: ``[B, N, C] -> [B, N, C_out]``."""
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import DerivedCache
-from eqvit.nn.layers import DropPath
+from eqvit.nn.layers import DropPath, check_num_classes
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm, RegularLayerScale
 
@@ -212,10 +212,14 @@ class InvariantPoolHead(nn.Module):
       Each invariant is the response of the best-aligned frame; on rotated MNIST it trained more
       reliably than ``"mean"`` (``benchmarks/ablate.py images``, README).
 
+    The timm classifier interface: :meth:`pre_logits` gives the K invariants ``[B, num_features]``
+    (after the dropout), ``fc`` is the classifier and :meth:`reset_classifier` replaces it;
+    ``num_classes = 0`` makes ``fc`` the identity, so the head returns the invariants.
+
     Args:
         group: the frames G.
         channels: C per frame.
-        num_classes: logits.
+        num_classes: logits (0: no classifier, the head returns the invariants).
         hidden: K invariant features (default: the total width ``|G| C``).
         drop: dropout before the classifier.
         pool: ``"mean"`` or ``"max"``.
@@ -238,16 +242,31 @@ class InvariantPoolHead(nn.Module):
         nn.init.normal_(self.lift.weight, std=(group.order * channels) ** -0.5)
         self.act = nn.GELU() if pool == "mean" else nn.Identity()
         self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(hidden, num_classes)
+        self.num_features = hidden
+        self.reset_classifier(num_classes)
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh classifier ``fc`` of ``num_classes`` logits on the invariants; 0 makes it the identity."""
+        self.num_classes = check_num_classes(num_classes)
+        like = self.lift.weight
+        self.fc = (
+            nn.Linear(self.num_features, num_classes, device=like.device, dtype=like.dtype)
+            if num_classes
+            else nn.Identity()
+        )
 
     @property
     def pool_mode(self) -> str:
         """``"mean"`` or ``"max"``: how the frames are pooled."""
         return self.pool.mode
 
+    def pre_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, N, |G| C] -> [B, num_features]``: the pooled invariants, after the dropout."""
+        return self.drop(self.pool(self.act(self.lift(tokens.mean(1)))))
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, N, |G| C] -> logits [B, classes]``, invariant to the frames' action."""
-        return self.fc(self.drop(self.pool(self.act(self.lift(tokens.mean(1))))))
+        return self.fc(self.pre_logits(tokens))
 
 
 class FramePoolDense(nn.Module):
