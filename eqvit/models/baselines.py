@@ -35,6 +35,7 @@ from torch_harmonics.examples.models import SphericalTransformer
 from eqvit.data.shallow_water import latlon_points
 from eqvit.geometry.domain import PointDomain
 from eqvit.models._registry import register_model, strip_timm_kwargs
+from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import build_so3vit
 from eqvit.models.vit import EquivariantViT
 from eqvit.utils import unknown_name_error
@@ -194,15 +195,29 @@ class S2TransformerBaseline(nn.Module):
 
 
 def _create_s2transformer(variant: str, **kwargs: Any) -> S2TransformerBaseline:
+    options = pop_options(kwargs)
     model = S2TransformerBaseline(**strip_timm_kwargs(kwargs))
-    model.default_cfg = model.pretrained_cfg = {"architecture": variant}
-    return model
+    return finish(
+        model,
+        variant,
+        options,
+        first_conv="model.encoder.conv",
+        classifier="model.decoder.conv",
+        image=False,
+    )
 
 
 def _create_vit_ape(variant: str, **kwargs: Any) -> EquivariantViT:
+    options = pop_options(kwargs)
     model = build_so3vit(**strip_timm_kwargs(kwargs))
-    model.default_cfg = model.pretrained_cfg = {"architecture": variant}
-    return model
+    return finish(
+        model,
+        variant,
+        options,
+        first_conv="tokenizer.proj",
+        classifier="head.proj",
+        image=False,
+    )
 
 
 @register_model

@@ -9,6 +9,7 @@ the seed's App. F; ``*_tiny`` exist so that the generic tests run every family.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from eqvit.geometry.hexagonal import HexPatchGrid
 from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.models._registry import register_model, strip_timm_kwargs
+from eqvit.models._timm import finish, pop_options
 from eqvit.models.vit import EquivariantViT, IrrepViT
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import head_layout
@@ -118,12 +120,18 @@ def build_o2vit(
         domain = PointDomain(
             square_grid(img_size, img_size), shape=(img_size, img_size), name=f"the {img_size}x{img_size} square grid"
         )
+        side = img_size // patch_size
+        token_grid = PointDomain(tokenizer.centers, shape=(side, side), name=f"the {side}x{side} patch grid")
+        reduction = patch_size
     else:
         hexgrid = HexPatchGrid(n_patch_side, n_pixel_side)
         tokenizer = HexPatchTokenizer(G, hexgrid, in_chans, ftype)
         domain = PointDomain(
             hexgrid.points, name=f"the hexagonal grid ({n_patch_side}, {n_pixel_side}) with {hexgrid.num_points} points"
         )
+        token_grid = PointDomain(tokenizer.centers, name=f"the {tokenizer.num_tokens} hexagonal patch centres")
+        reduction = max(1, round(hexgrid.spacing * math.sqrt(3)))  # centre-to-centre distance in pixels
+    head = InvariantHead(ftype, num_classes, head_drop_rate)
     posenc = InvariantAPE(G, tokenizer.centers, ftype)
 
     def block_fn(index: int, rate: float) -> IrrepBlock:
@@ -133,7 +141,7 @@ def build_o2vit(
 
     model = IrrepViT(
         tokenizer=tokenizer,
-        head=InvariantHead(ftype, num_classes, head_drop_rate),
+        head=head,
         embed_dim=ftype.dim,
         depth=depth,
         num_heads=len(heads),
@@ -143,21 +151,32 @@ def build_o2vit(
         group=G,
         domain=domain,
         in_chans=in_chans,
-        out_chans=num_classes,
+        out_chans=num_classes or head.num_features,
         output_action="invariant",
         block_fn=block_fn,
         norm_layer=IrrepLayerNorm(ftype),
         num_prefix_tokens=1,
         config=config,
+        token_grid=token_grid,
+        token_type=ftype,
+        feature_reduction=reduction,
     )
     model.feature_type = ftype
     return model
 
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:
+    """Build, attach timm's ``pretrained_cfg`` and honour ``features_only`` (:mod:`eqvit.models._timm`)."""
+    options = pop_options(kwargs)
     model = build_o2vit(**strip_timm_kwargs(kwargs))
-    model.default_cfg = model.pretrained_cfg = {"architecture": variant}
-    return model
+    return finish(
+        model,
+        variant,
+        options,
+        first_conv="tokenizer.embed.proj",
+        classifier="head.fc",
+        image=True,
+    )
 
 
 @register_model

@@ -27,13 +27,15 @@ from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.groups.base import match_matrices
 from eqvit.models._registry import register_model, strip_timm_kwargs
+from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
 from eqvit.models.vit import EquivariantViT, PointCloudViT
 from eqvit.nn.platonic import FramePoolDense, InvariantPoolHead, PlatonicBlock
 from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding
-from eqvit.nn.regular import RegularLayerNorm
+from eqvit.nn.regular import RegularFeatures, RegularLayerNorm
 from eqvit.nn.tokenizers.icosphere import IcosphereUnpatchify
 from eqvit.nn.tokenizers.platonic import LiftedIcosphereEmbed, LiftedPointEmbed, LiftedSquarePatchEmbed
+from eqvit.nn.tokenizers.square import square_patch_layout
 
 SPATIAL_FRAMES = ("trivial", "T", "O", "I")
 IMAGE_FRAMES = ("C1", "C2", "C4", "D1", "D2", "D4")
@@ -217,15 +219,17 @@ def build_platonic(
         config=config,
     )
     rope_args = dict(learnable=learnable_freqs)
+    classes = 10 if num_classes is None else num_classes
 
     if kind == "points":
         rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
+        head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "mean")
         model = PointCloudViT(
             tokenizer=LiftedPointEmbed(frames, in_chans, channels),
-            head=InvariantPoolHead(frames, channels, num_classes or 10, drop=drop_rate, pool=head_pool or "mean"),
+            head=head,
             posenc=FrameRoPE(frames, heads, channels // heads, **rope_args),
             domain=PointCloudDomain(3, num_points),
-            out_chans=num_classes or 10,
+            out_chans=classes or head.num_features,
             output_action="invariant",
             **common,
         )
@@ -233,17 +237,23 @@ def build_platonic(
         tokenizer = LiftedSquarePatchEmbed(frames, img_size, patch_size, in_chans, channels)
         side = img_size // patch_size
         rope_args.update(min_wavelength=min_wavelength or 2.0, max_wavelength=max_wavelength or 4.0 * side)
+        head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "max")
         model = EquivariantViT(
             tokenizer=tokenizer,
-            head=InvariantPoolHead(frames, channels, num_classes or 10, drop=drop_rate, pool=head_pool or "max"),
+            head=head,
             posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
             domain=PointDomain(
                 square_grid(img_size, img_size),
                 shape=(img_size, img_size),
                 name=f"the {img_size}x{img_size} square grid",
             ),
-            out_chans=num_classes or 10,
+            out_chans=classes or head.num_features,
             output_action="invariant",
+            token_grid=PointDomain(
+                square_patch_layout(img_size, patch_size)[1], shape=(side, side), name=f"the {side}x{side} patch grid"
+            ),
+            token_type=RegularFeatures(frames, channels),
+            feature_reduction=patch_size,
             **common,
         )
     else:
@@ -270,9 +280,13 @@ def build_platonic(
 
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:
+    """Build, attach timm's ``pretrained_cfg`` and honour ``features_only`` (:mod:`eqvit.models._timm`)."""
+    options = pop_options(kwargs)
     model = build_platonic(**strip_timm_kwargs(kwargs))
-    model.default_cfg = model.pretrained_cfg = {"architecture": variant}
-    return model
+    kind = kwargs["kind"]
+    first_conv = {"points": "tokenizer.scalar_proj", "image": "tokenizer"}.get(kind, "tokenizer.embed.proj")
+    classifier = "head.head.proj" if kind == "sphere" else "head.fc"
+    return finish(model, variant, options, first_conv=first_conv, classifier=classifier, image=kind == "image")
 
 
 @register_model

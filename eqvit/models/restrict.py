@@ -253,6 +253,9 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
             norm_layer=_restrict_norm(model.norm, V, W, R),
             num_prefix_tokens=model.num_prefix_tokens,
             config=dict(model.config, group=H.name, restricted_from=G.name),
+            token_grid=model.token_grid,
+            token_type=W,
+            feature_reduction=model.feature_info[0]["reduction"] if model.feature_info else 1,
         ).double()
         # EquivariantViT re-initialises nn.Linear layers: set the classifier afterwards.
         new_model.head.fc.weight.copy_(head.fc.weight.double())

@@ -16,6 +16,7 @@ from eqvit.geometry.domain import PointDomain
 from eqvit.geometry.icosphere import icosphere
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.models._registry import register_model, strip_timm_kwargs
+from eqvit.models._timm import finish, pop_options
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.posenc import LatitudeEncoding, LearnedAPE, NoPositionalEncoding, SO3RoPE
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
@@ -101,9 +102,17 @@ def build_so3vit(
 
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:
+    """Build and attach timm's ``pretrained_cfg`` (:mod:`eqvit.models._timm`); a dense model, no classifier."""
+    options = pop_options(kwargs)
     model = build_so3vit(**strip_timm_kwargs(kwargs))
-    model.default_cfg = model.pretrained_cfg = {"architecture": variant}
-    return model
+    return finish(
+        model,
+        variant,
+        options,
+        first_conv="tokenizer.proj",
+        classifier="head.proj",
+        image=False,
+    )
 
 
 @register_model
