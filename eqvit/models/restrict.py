@@ -255,7 +255,7 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
             config=dict(model.config, group=H.name, restricted_from=G.name),
             token_grid=model.token_grid,
             token_type=W,
-            feature_reduction=model.feature_info[0]["reduction"] if model.feature_info else 1,
+            feature_reduction=getattr(model, "feature_info", [{"reduction": 1}])[0]["reduction"],
         ).double()
         # EquivariantViT re-initialises nn.Linear layers: set the classifier afterwards.
         new_model.head.fc.weight.copy_(head.fc.weight.double())
