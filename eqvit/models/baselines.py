@@ -33,7 +33,7 @@ from torch import nn
 from torch_harmonics.examples.models import SphericalTransformer
 
 from eqvit.data.shallow_water import latlon_points
-from eqvit.geometry.domain import PointDomain
+from eqvit.geometry.domain import PointDomain, parameter_dtype
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models.so3vit import build_so3vit
@@ -206,7 +206,10 @@ class S2TransformerBaseline(nn.Module):
         return {name for name, _ in self.named_parameters() if "pos_embed" in name}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.domain.check(x, self.in_chans)
+        dtype = parameter_dtype(self)
+        self.domain.check(x, self.in_chans, dtype)
+        if not len(x):  # torch's instance norm fails on an empty batch: the empty output, straight away
+            return x.new_zeros(0, self.out_chans, *self.domain.shape, dtype=dtype)
         return self.model(x)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from eqvit.geometry.domain import parameter_dtype
 from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
@@ -138,7 +139,7 @@ class EquivariantViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.domain is not None:
-            self.domain.check(x, self.in_chans)
+            self.domain.check(x, self.in_chans, parameter_dtype(self))
         out = self.forward_head(self.forward_features(x))
         return out + x if self.residual else out
 
@@ -230,7 +231,7 @@ class IrrepViT(EquivariantViT, DerivedCache):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.domain is not None:
-            self.domain.check(x, self.in_chans)
+            self.domain.check(x, self.in_chans, parameter_dtype(self))
         stream = self.forward_stream(x)
         if isinstance(self.head, InvariantHead) and self.num_prefix_tokens:
             stream = stream[:, :1]  # the head reads only the class token: normalise only that
@@ -256,5 +257,5 @@ class PointCloudViT(EquivariantViT):
         return self.norm(tokens)
 
     def forward(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        self.domain.check((pos, feat), self.in_chans)
+        self.domain.check((pos, feat), self.in_chans, parameter_dtype(self))
         return self.forward_head(self.forward_features(pos, feat))
