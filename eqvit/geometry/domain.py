@@ -76,6 +76,11 @@ class PointDomain:
     def __repr__(self) -> str:
         return f"PointDomain({self.name}, points={len(self.points)}, shape={self.shape})"
 
+    @property
+    def dim(self) -> int:
+        """d, the dimension of the points (2 for images and hexagonal grids, 3 for the sphere)."""
+        return self.points.shape[1]
+
     def _compute_permutation(self, key: bytes) -> np.ndarray:
         from eqvit.geometry.points import point_permutation
 
