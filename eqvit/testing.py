@@ -9,6 +9,8 @@ per-element table when the relative error of any element exceeds the tolerance.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -109,6 +111,59 @@ def _resolve_group(model: nn.Module, group: FiniteGroup | str | None) -> FiniteG
     return group
 
 
+_GROUPS_BY_DIM = {2: "'C4', 'D4' (square grids) or 'D6' (hexagonal grids)", 3: "'T', 'O', 'I' or 'SO3'"}
+
+
+def _check_arguments(tolerance: object, dtype: object, num_rotations: object, batch_size: object) -> None:
+    if tolerance is not None and (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, numbers.Real)
+        or not math.isfinite(tolerance)
+        or tolerance < 0
+    ):
+        raise ValueError(
+            f"expected tolerance to be a finite number >= 0 (the bound on the relative error), got {tolerance!r}"
+        )
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"expected dtype to be a floating-point torch dtype (e.g. torch.float64), got {dtype!r}")
+    for name, value in (("num_rotations", num_rotations), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"expected {name} to be a positive integer, got {value!r}")
+
+
+def _domain_name(domain: object) -> str:
+    return getattr(domain, "name", type(domain).__name__)
+
+
+def _check_dimension(group: FiniteGroup | str, domain: object) -> None:
+    """ValueError unless the group's matrices have the dimension of the domain's points."""
+    domain_dim = getattr(domain, "dim", None)
+    group_dim = 3 if isinstance(group, str) else group.elements.shape[-1]  # a str is "SO3" here
+    if domain_dim is None or group_dim == domain_dim:
+        return
+    name = group if isinstance(group, str) else group.name
+    suggestion = _GROUPS_BY_DIM.get(domain_dim)
+    raise ValueError(
+        f"group {name} acts in {group_dim}-D ({group_dim}x{group_dim} matrices), but the model's domain "
+        f"({_domain_name(domain)}) is {domain_dim}-D"
+        + (f": pass a {domain_dim}-D group such as {suggestion}" if suggestion else "")
+    )
+
+
+def _check_closed(domain: object, matrices: np.ndarray, name: str) -> None:
+    """ValueError unless every element maps the domain's points onto its points (for point sets)."""
+    if not hasattr(domain, "permutation"):
+        return
+    for k, g in enumerate(matrices):
+        try:
+            domain.permutation(g)
+        except ValueError as err:
+            raise ValueError(
+                f"group {name} does not act on the model's domain ({_domain_name(domain)}): element {k} "
+                f"({describe_element(g)}) does not map its points onto its points ({err})"
+            ) from None
+
+
 def assert_equivariant(
     model: nn.Module | Callable[[torch.Tensor], torch.Tensor],
     group: FiniteGroup | str | None = None,
@@ -144,11 +199,14 @@ def assert_equivariant(
     Raises:
         EquivarianceError: with the per-element table if any element exceeds the tolerance.
     """
+    _check_arguments(tolerance, dtype, num_rotations, batch_size)
     group = _resolve_group(model, group)
     domain = getattr(model, "domain", None)
-    if input_action is None:
+    on_domain = input_action is None
+    if on_domain:
         if domain is None:
             raise ValueError("model has no .domain attribute: pass input_action=... explicitly")
+        _check_dimension(group, domain)
         input_action = domain.act
     if output_action is None:
         output_action = getattr(model, "output_action", "same")
@@ -166,9 +224,6 @@ def assert_equivariant(
         inputs = domain.random_input(batch_size, model.in_chans, generator=gen)
     x = _cast(inputs, dtype)
 
-    if isinstance(model, nn.Module):
-        model = copy.deepcopy(model).to(dtype).eval()
-
     if isinstance(group, FiniteGroup):
         matrices, name = group.elements, group.name
     else:
@@ -176,6 +231,11 @@ def assert_equivariant(
 
         matrices = random_rotations(num_rotations, generator=gen, dtype=torch.float64).numpy()
         name = f"SO(3) ({num_rotations} random rotations)"
+    if on_domain:
+        _check_closed(domain, matrices, name)
+
+    if isinstance(model, nn.Module):
+        model = copy.deepcopy(model).to(dtype).eval()
 
     rows = []
     with torch.no_grad():

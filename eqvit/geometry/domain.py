@@ -8,6 +8,40 @@ import numpy as np
 import torch
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def parameter_dtype(module) -> torch.dtype | None:
+    """The dtype of ``module``'s first floating-point parameter: the dtype its inputs must have."""
+    for param in module.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return None
+
+
+def check_dtype(x: torch.Tensor, dtype: torch.dtype | None, what: str = "input") -> None:
+    """ValueError unless ``x`` is floating point and of ``dtype`` (the model's parameter dtype).
+
+    Under ``torch.autocast`` on ``x``'s device, the autocast dtype (bf16) is accepted as well.
+    """
+    if dtype is None or x.dtype == dtype:
+        return
+    if not x.is_floating_point():
+        raise ValueError(
+            f"expected a floating-point {what} of dtype {_name(dtype)} (the model's parameter dtype), "
+            f"got {_name(x.dtype)}; cast it with .to(torch.{_name(dtype)})"
+        )
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype == torch.get_autocast_dtype(device):
+        return
+    raise ValueError(
+        f"expected {what} of dtype {_name(dtype)} (the model's parameter dtype), got {_name(x.dtype)}; cast "
+        f"{'the input' if what == 'input' else what} with .to(torch.{_name(dtype)}) or the model with "
+        f".to(torch.{_name(x.dtype)})"
+    )
+
+
 class PointDomain:
     """Scalar fields on a finite point set that a group of orthogonal matrices permutes.
 
@@ -42,6 +76,11 @@ class PointDomain:
     def __repr__(self) -> str:
         return f"PointDomain({self.name}, points={len(self.points)}, shape={self.shape})"
 
+    @property
+    def dim(self) -> int:
+        """d, the dimension of the points (2 for images and hexagonal grids, 3 for the sphere)."""
+        return self.points.shape[1]
+
     def _compute_permutation(self, key: bytes) -> np.ndarray:
         from eqvit.geometry.points import point_permutation
 
@@ -52,14 +91,15 @@ class PointDomain:
         """int64 ``[P]`` with ``points[perm[i]] == matrix @ points[i]`` (cached per matrix)."""
         return self._permutation(np.ascontiguousarray(matrix, dtype=np.float64).tobytes())
 
-    def check(self, x: torch.Tensor, channels: int | None = None) -> None:
-        """ValueError unless ``x`` is ``[B, channels, *shape]``."""
+    def check(self, x: torch.Tensor, channels: int | None = None, dtype: torch.dtype | None = None) -> None:
+        """ValueError unless ``x`` is ``[B, channels, *shape]`` (and of ``dtype``, see :func:`check_dtype`)."""
         expected = ["B", channels if channels is not None else "C", *self.shape]
         ok = x.ndim == len(expected) and tuple(x.shape[2:]) == self.shape
         ok = ok and (channels is None or x.shape[1] == channels)
         if not ok:
             shown = ", ".join(str(s) for s in expected)
             raise ValueError(f"expected input of shape [{shown}] on {self.name}, got {list(x.shape)}")
+        check_dtype(x, dtype)
 
     def describe_input(self, channels: int | str = "C") -> str:
         """The input layout in words, e.g. ``[B, 3, 10242] on icosphere level 5``."""
@@ -101,8 +141,11 @@ class PointCloudDomain:
     def describe_input(self, channels: int | str = "C") -> str:
         return f"pos [B, N, {self.dim}], feat [B, N, {channels}] ({self.name})"
 
-    def check(self, inputs: tuple[torch.Tensor, torch.Tensor], channels: int | None = None) -> None:
-        """ValueError unless ``inputs`` is ``(pos [B, N, d], feat [B, N, channels])``."""
+    def check(
+        self, inputs: tuple[torch.Tensor, torch.Tensor], channels: int | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        """ValueError unless ``inputs`` is ``(pos [B, N, d], feat [B, N, channels])`` with N >= 1 (and of
+        ``dtype``, see :func:`check_dtype`)."""
         pos, feat = inputs
         c = channels if channels is not None else "C"
         ok = pos.ndim == 3 and pos.shape[-1] == self.dim and feat.ndim == 3 and feat.shape[:2] == pos.shape[:2]
@@ -111,6 +154,10 @@ class PointCloudDomain:
             raise ValueError(
                 f"expected pos [B, N, {self.dim}] and feat [B, N, {c}], got {list(pos.shape)} and {list(feat.shape)}"
             )
+        if pos.shape[1] == 0:  # the centroid of no points is NaN: the logits would be NaN
+            raise ValueError(f"expected at least one point per cloud (N >= 1), got pos {list(pos.shape)}")
+        check_dtype(pos, dtype, "pos")
+        check_dtype(feat, dtype, "feat")
 
     def random_input(
         self, batch: int, channels: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64

@@ -33,7 +33,8 @@ from torch import nn
 from torch_harmonics.examples.models import SphericalTransformer
 
 from eqvit.data.shallow_water import latlon_points
-from eqvit.geometry.domain import PointDomain
+from eqvit.geometry.domain import PointDomain, parameter_dtype
+from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import build_so3vit
@@ -107,6 +108,22 @@ class S2TransformerBaseline(nn.Module):
                 raise ValueError(f"pass {_RENAMED[name]}= instead of SphericalTransformer's {name}=")
             if name not in _PASSTHROUGH:
                 raise unknown_name_error("S2Transformer argument", name, sorted(_PASSTHROUGH + _OWN))
+        if not isinstance(img_size, (tuple, list)):
+            raise ValueError(f"expected img_size to be a pair (nlat, nlon), got {img_size!r}")
+        check_model_args(
+            dict(
+                img_size=img_size,
+                scale_factor=scale_factor,
+                in_chans=in_chans,
+                out_chans=out_chans,
+                embed_dim=embed_dim,
+                depth=depth,
+                num_heads=num_heads,
+                mlp_ratio=mlp_ratio,
+                theta_cutoff=theta_cutoff,
+                **kwargs,
+            )
+        )
         nlat, nlon = (int(s) for s in img_size)
         if residual and in_chans != out_chans:
             raise ValueError(f"residual prediction needs in_chans == out_chans, got {in_chans} and {out_chans}")
@@ -190,7 +207,10 @@ class S2TransformerBaseline(nn.Module):
         return {name for name, _ in self.named_parameters() if "pos_embed" in name}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.domain.check(x, self.in_chans)
+        dtype = parameter_dtype(self)
+        self.domain.check(x, self.in_chans, dtype)
+        if not len(x):  # torch's instance norm fails on an empty batch: the empty output, straight away
+            return x.new_zeros(0, self.out_chans, *self.domain.shape, dtype=dtype)
         return self.model(x)
 
 

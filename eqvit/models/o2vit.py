@@ -17,6 +17,7 @@ from eqvit.geometry.domain import PointDomain
 from eqvit.geometry.hexagonal import HexPatchGrid
 from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
+from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.vit import EquivariantViT, IrrepViT
@@ -90,6 +91,7 @@ def build_o2vit(
             ``mlp_spaces`` lists ``(subgroup indices | "regular" | "trivial", count)`` pairs.
     """
     config = dict(locals())
+    check_model_args(config)
     if isinstance(group, FiniteGroup):
         config["group"] = group.name
     if grid not in GRIDS:

@@ -26,6 +26,7 @@ from eqvit.geometry.domain import PointCloudDomain, PointDomain
 from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.groups.base import match_matrices
+from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
@@ -170,6 +171,7 @@ def build_platonic(
     benchmark; sphere models have a dense head and take none.
     """
     config = {k: v for k, v in locals().items()}
+    check_model_args(config)
     symmetry: FiniteGroup
     if kind == "points":
         frames = symmetry = spatial_frames(group)

@@ -15,6 +15,7 @@ import numpy as np
 from eqvit.geometry.domain import PointDomain
 from eqvit.geometry.icosphere import icosphere
 from eqvit.groups import FiniteGroup, get_group
+from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.vit import EquivariantViT
@@ -57,6 +58,7 @@ def build_so3vit(
 ) -> EquivariantViT:
     """Build an SO3ViT (or, with ``posenc="ape"``, its non-equivariant learned-APE ablation)."""
     config = dict(locals())
+    check_model_args(config)
     if posenc not in POSENCS:
         raise ValueError(f"unknown posenc {posenc!r}; valid: {', '.join(POSENCS)}")
     if symmetry_breaking not in SYMMETRY_BREAKING:

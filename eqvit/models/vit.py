@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from eqvit.geometry.domain import PointDomain
+from eqvit.geometry.domain import PointDomain, parameter_dtype
 from eqvit.groups import FiniteGroup
 from eqvit.groups.base import match_matrices
 from eqvit.nn.buffers import DerivedCache
@@ -310,7 +310,7 @@ class EquivariantViT(nn.Module):
             raise ValueError(f"expected output_fmt 'NCHW' or 'NLC', got {output_fmt!r}")
         taken, last = take_indices(len(self.blocks), indices)
         if self.domain is not None:
-            self.domain.check(x, self.in_chans)
+            self.domain.check(x, self.in_chans, parameter_dtype(self))
         stream = self.embed_stream(x)
         intermediates = []
         for i, block in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
@@ -360,7 +360,7 @@ class EquivariantViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.domain is not None:
-            self.domain.check(x, self.in_chans)
+            self.domain.check(x, self.in_chans, parameter_dtype(self))
         out = self.forward_head(self.forward_features(x))
         return out + x if self.residual else out
 
@@ -467,7 +467,7 @@ class IrrepViT(EquivariantViT, DerivedCache):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.domain is not None:
-            self.domain.check(x, self.in_chans)
+            self.domain.check(x, self.in_chans, parameter_dtype(self))
         stream = self.forward_stream(x)
         if isinstance(self.head, InvariantHead) and self.num_prefix_tokens:
             stream = stream[:, :1]  # the head reads only the class token: normalise only that
@@ -493,5 +493,5 @@ class PointCloudViT(EquivariantViT):
         return self.norm(tokens)
 
     def forward(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        self.domain.check((pos, feat), self.in_chans)
+        self.domain.check((pos, feat), self.in_chans, parameter_dtype(self))
         return self.forward_head(self.forward_features(pos, feat))

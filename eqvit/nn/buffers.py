@@ -53,13 +53,23 @@ _DATA_PTR = torch.Tensor.data_ptr
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
+def _mode(device_type: str) -> tuple:
+    """What a derived value depends on besides its sources: inference mode and the autocast state
+    (enabled and its dtype) of the sources' device type."""
+    if torch.is_autocast_enabled(device_type):
+        return (torch.is_inference_mode_enabled(), torch.get_autocast_dtype(device_type))
+    return (torch.is_inference_mode_enabled(), None)
+
+
 class DerivedCache(nn.Module):
     """Caches tensors derived from parameters (dense weights) while no gradient is recorded.
 
     ``derived(name, sources, compute)`` recomputes whenever autograd could need the graph (grad
     mode on and a source requires grad). Otherwise the value is reused while every source tensor is
     the same storage at the same in-place version (``_version`` counts ``optimizer.step()``,
-    ``copy_``, ``load_state_dict``, ...) in the same inference mode; the sources are read afresh on
+    ``copy_``, ``load_state_dict``, ...) in the same inference mode and the same autocast state of
+    the sources' device (enabled, dtype), so a value computed under ``torch.autocast`` (in bf16) is
+    never handed to an fp32 forward, nor the other way round; the sources are read afresh on
     every call (a replaced parameter is noticed) and kept alive with the entry (their addresses are
     not reused). Composite modules pass their children's parameters (:meth:`IrrepLinear.leaves`).
     ``train()``/``eval()`` and ``.to()``/``.double()`` clear the cache.
@@ -72,18 +82,17 @@ class DerivedCache(nn.Module):
         cache = self.__dict__.get("_derived_cache")
         if cache is None:
             cache = self.__dict__["_derived_cache"] = {}
-        versions = list(map(_VERSION, sources))
+        try:
+            versions = list(map(_VERSION, sources))
+        except RuntimeError:  # inference tensors (made under inference_mode) track no version: never cache
+            return compute()
+        mode = _mode(sources[0].device.type if sources else "cpu")
         hit = cache.get(name)
         # Checked cheapest first; this runs for every cached weight on every forward.
-        if (
-            hit is not None
-            and hit[1] == versions
-            and hit[0] == torch.is_inference_mode_enabled()
-            and hit[2] == list(map(_DATA_PTR, sources))
-        ):
+        if hit is not None and hit[1] == versions and hit[0] == mode and hit[2] == list(map(_DATA_PTR, sources)):
             return hit[3]
         value = compute()
-        cache[name] = (torch.is_inference_mode_enabled(), versions, list(map(_DATA_PTR, sources)), value, sources)
+        cache[name] = (mode, versions, list(map(_DATA_PTR, sources)), value, sources)
         return value
 
     def clear_derived_cache(self) -> None:

@@ -157,5 +157,6 @@ class IcosphereUnpatchify(nn.Module):
             .permute(0, 2, 1, 3)
             .reshape(B, self.out_chans, N * taps)
         )
-        out = tokens.new_zeros(B, self.out_chans, self.num_vertices).index_add_(2, self.scatter_index, values)
+        # values, not tokens: under autocast the projection is bf16 while the tokens may be fp32 (a learned APE).
+        out = values.new_zeros(B, self.out_chans, self.num_vertices).index_add_(2, self.scatter_index, values)
         return out * self.inv_count.to(out.dtype)
