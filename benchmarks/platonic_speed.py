@@ -212,7 +212,7 @@ def set_fused(model: nn.Module, fused: bool) -> None:
         if hasattr(m, "fused_attn") and not isinstance(m, (Block,)):  # timm Attention
             m.fused_attn = fused
         if type(m).__name__ == "PlatonicAttention":
-            m.fused = fused
+            m.sdpa.fused = fused
 
 
 def flops(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:

@@ -253,7 +253,7 @@ def test_attention_equivariant(name, layout):
     perm = torch.randperm(5)
     assert rel_err(attn(x[:, perm]), y[:, perm]) < TOL  # token permutations
     reference = copy.deepcopy(attn)
-    reference.fused = False
+    reference.sdpa.fused = False
     torch.testing.assert_close(reference(x), y, rtol=1e-10, atol=1e-12)
     if layout == "coupled":  # each head holds C/h copies of every irrep
         assert len(heads) == 3 and all(len(h) == V.dim // 3 for h in heads)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eqvit.nn.posenc.base import PositionalScheme
+from eqvit.nn.sdpa import ScaledDotProductAttention
 
 
 class Attention(nn.Module):
@@ -40,14 +40,16 @@ class Attention(nn.Module):
             raise ValueError(f"dim {dim} must be divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
-        self.fused = fused
+        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+
+    @property
+    def fused(self) -> bool:
+        return self.sdpa.fused
 
     def forward(
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
@@ -61,12 +63,5 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = rope.rotate_qk_tokens(q, k, num_prefix_tokens)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, N, D]
-        dropout = self.attn_drop if self.training else 0.0
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-        else:
-            attn = (q * self.scale) @ k.transpose(-2, -1)
-            attn = F.dropout(attn.softmax(dim=-1), dropout, self.training)
-            out = attn @ v
-        out = out.transpose(1, 2).reshape(B, N, C)
+        out = self.sdpa(q, k, v).transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(out))

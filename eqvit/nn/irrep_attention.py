@@ -28,6 +28,7 @@ from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
+from eqvit.nn.sdpa import ScaledDotProductAttention
 
 ATTENTION_LAYOUTS = ("coupled", "irrepwise")
 
@@ -108,8 +109,7 @@ class IrrepAttention(DerivedCache):
         self.ftype = ftype
         self.heads = [np.asarray(h, dtype=np.int64) for h in heads]
         self.num_heads = len(self.heads)
-        self.fused = fused
-        self.attn_drop = attn_drop
+        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
         self.q = IrrepLinear(ftype, ftype, qkv_bias)
         self.k = IrrepLinear(ftype, ftype, qkv_bias)
         self.v = IrrepLinear(ftype, ftype, qkv_bias)
@@ -130,13 +130,13 @@ class IrrepAttention(DerivedCache):
         sizes = [len(h) for h in self.heads]
         return f"{self.num_heads} heads of sizes {sizes}, fused={self.fused}"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        dropout = self.attn_drop if self.training else 0.0
-        if self.fused:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-        attn = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
-        attn = F.dropout(attn.softmax(dim=-1), dropout, self.training)
-        return attn @ v
+    @property
+    def fused(self) -> bool:
+        return self.sdpa.fused
+
+    @property
+    def attn_drop(self) -> float:
+        return self.sdpa.dropout
 
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(qkv weight [3 dim, dim], qkv bias, proj weight [dim, dim], proj bias)``, heads side by side."""
@@ -187,7 +187,7 @@ class IrrepAttention(DerivedCache):
         if len(self._groups) == 1:  # all heads of one size (coupled): one reshape, like timm
             _, h, size = self._groups[0]
             q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
-            out = self._attend(q, k, v).transpose(1, 2).reshape(B, N, h * size)
+            out = self.sdpa(q, k, v).transpose(1, 2).reshape(B, N, h * size)
         else:
             q, k, v = qkv.split(self.ftype.dim, dim=-1)
             outs = []
@@ -195,6 +195,6 @@ class IrrepAttention(DerivedCache):
                 qh, kh, vh = (
                     t[..., start : start + h * size].unflatten(-1, (h, size)).transpose(1, 2) for t in (q, k, v)
                 )
-                outs.append(self._attend(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
+                outs.append(self.sdpa(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
             out = torch.cat(outs, dim=-1)
         return F.linear(out, proj_w, proj_b)

@@ -16,6 +16,7 @@ from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.layers import DropPath, check_num_classes
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm, RegularLayerScale
+from eqvit.nn.sdpa import ScaledDotProductAttention
 
 SCORES = ("frames", "invariant")
 FRAME_POOLS = ("mean", "max")
@@ -66,7 +67,8 @@ class PlatonicAttention(DerivedCache):
             raise ValueError(f"unknown scores {scores!r}; valid: {', '.join(SCORES)}")
         self.order, self.channels, self.num_heads = group.order, channels, num_heads
         self.head_dim = channels // num_heads
-        self.scores, self.fused, self.attn_drop = scores, fused, attn_drop
+        self.scores = scores
+        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
         self.qkv = GroupConvLinear(group, channels, 3 * channels, bias=qkv_bias, impl=impl)
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
@@ -109,19 +111,16 @@ class PlatonicAttention(DerivedCache):
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, G H, N, D]
         else:  # merge frames into the head channels: [B, H, N, G D]
             q, k, v = (t.reshape(B, N, G, H, D).permute(0, 3, 1, 2, 4).reshape(B, H, N, G * D) for t in (q, k, v))
-        out = self._attend(q, k, v)
+        out = self.sdpa(q, k, v)
         if self.scores == "frames":
             out = out.transpose(1, 2)  # [B, N, G H, D], already frames-major
         else:
             out = out.reshape(B, H, N, G, D).permute(0, 2, 3, 1, 4)  # [B, N, G, H, D]
         return self.proj_drop(self.proj(out.reshape(B, N, G * H * D)))
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        dropout = self.attn_drop if self.training else 0.0
-        if self.fused:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-        attn = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
-        return F.dropout(attn.softmax(dim=-1), dropout, self.training) @ v
+    @property
+    def fused(self) -> bool:
+        return self.sdpa.fused
 
 
 class PlatonicMlp(nn.Module):
