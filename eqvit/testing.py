@@ -101,7 +101,28 @@ def _call(model: Callable, inputs: torch.Tensor | tuple[torch.Tensor, ...]) -> t
     return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
 
 
+def type_action(ftype) -> Action:
+    """The action of a :class:`~eqvit.nn.irrep_features.FeatureType` on tensors ``[..., ftype.dim]``,
+    as an :data:`Action` (the element given by its matrix)."""
+    group = ftype.group
+
+    def action(matrix: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+        return ftype.act(int(group.index_of(matrix)), x)
+
+    return action
+
+
+def _declared_types(model: object) -> tuple | None:
+    """``(in_type, out_type)`` of a module that declares them (a layer, not a model with a domain)."""
+    in_type, out_type = getattr(model, "in_type", None), getattr(model, "out_type", None)
+    if in_type is None or out_type is None or getattr(model, "domain", None) is not None:
+        return None
+    return in_type, out_type
+
+
 def _resolve_group(model: nn.Module, group: FiniteGroup | str | None) -> FiniteGroup | str:
+    if group is None and _declared_types(model) is not None:
+        group = _declared_types(model)[0].group
     if group is None:
         group = getattr(model, "group", None)
         if group is None:
@@ -176,8 +197,13 @@ def assert_equivariant(
     num_rotations: int = 8,
     batch_size: int = 2,
     seed: int = 0,
+    num_tokens: int = 5,
 ) -> EquivarianceReport:
     """Check ``model(g . x) == g . model(x)`` for every element g of ``group``.
+
+    A layer that declares ``in_type`` and ``out_type`` (:class:`~eqvit.nn.irrep_features.FeatureType`)
+    is checked like a model: the actions are read from its types and the default input is
+    ``[batch_size, num_tokens, in_type.dim]`` standard normal tokens.
 
     Args:
         model: an ``nn.Module`` (copied and cast to ``dtype``) or a plain function.
@@ -202,6 +228,10 @@ def assert_equivariant(
     _check_arguments(tolerance, dtype, num_rotations, batch_size)
     group = _resolve_group(model, group)
     domain = getattr(model, "domain", None)
+    types = _declared_types(model)
+    if types is not None:
+        input_action = input_action or type_action(types[0])
+        output_action = output_action or type_action(types[1])
     on_domain = input_action is None
     if on_domain:
         if domain is None:
@@ -218,6 +248,8 @@ def assert_equivariant(
         tolerance = DEFAULT_TOLERANCE.get(dtype, 1e-5)
 
     gen = torch.Generator().manual_seed(seed)
+    if inputs is None and types is not None:
+        inputs = torch.randn(batch_size, num_tokens, types[0].dim, generator=gen)
     if inputs is None:
         if domain is None or not hasattr(model, "in_chans"):
             raise ValueError("pass inputs=... (model lacks .domain or .in_chans to build a random input)")

@@ -88,7 +88,7 @@ class FourierActivation(ExactBuffers):
         basis = np.asarray(basis, dtype=np.float64)
         if basis.shape[1] != ftype.dim:
             raise ValueError(f"expected a basis with {ftype.dim} columns for {ftype}, got {list(basis.shape)}")
-        self.ftype = ftype
+        self.ftype = self.in_type = self.out_type = ftype
         self.register_exact_buffer("basis", torch.from_numpy(basis))
         self.act = act if act is not None else nn.GELU()
         # The basis is block-diagonal up to permutations (one block per orbit of X): find the

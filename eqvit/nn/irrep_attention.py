@@ -106,7 +106,7 @@ class IrrepAttention(DerivedCache):
     ) -> None:
         super().__init__()
         check_heads(ftype, heads)
-        self.ftype = ftype
+        self.ftype = self.in_type = self.out_type = ftype
         self.heads = [np.asarray(h, dtype=np.int64) for h in heads]
         self.num_heads = len(self.heads)
         self.sdpa = ScaledDotProductAttention(attn_drop, fused)

@@ -29,6 +29,7 @@ class IrrepMlp(DerivedCache):
 
     def __init__(self, ftype: FeatureType, activation: FourierActivation) -> None:
         super().__init__()
+        self.in_type = self.out_type = ftype
         self.fc1 = IrrepLinear(ftype, activation.ftype)
         self.act = activation
         self.fc2 = IrrepLinear(activation.ftype, ftype)
@@ -95,6 +96,7 @@ class IrrepBlock(DerivedCache):
         norm_centers: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
     ) -> None:
         super().__init__()
+        self.in_type = self.out_type = ftype
         self.norm1 = IrrepLayerNorm(ftype, center=norm_centers[0])
         self.attn = IrrepAttention(ftype, heads, qkv_bias=qkv_bias, attn_drop=attn_drop, fused=fused)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()

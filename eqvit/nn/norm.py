@@ -46,6 +46,7 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
 
     def __init__(self, ftype: FeatureType, eps: float = 1e-6, center: np.ndarray | None = None) -> None:
         super().__init__()
+        self.in_type = self.out_type = ftype
         self.ftype = ftype
         self.eps = eps
         center = ftype.trivial_index if center is None else np.asarray(center, dtype=np.int64)

@@ -13,6 +13,7 @@ from torch import nn
 
 from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import DerivedCache
+from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import DropPath, check_num_classes
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm, RegularLayerScale
@@ -66,6 +67,7 @@ class PlatonicAttention(DerivedCache):
         if scores not in SCORES:
             raise ValueError(f"unknown scores {scores!r}; valid: {', '.join(SCORES)}")
         self.order, self.channels, self.num_heads = group.order, channels, num_heads
+        self.in_type = self.out_type = FeatureType.frames(group, channels)
         self.head_dim = channels // num_heads
         self.scores = scores
         self.sdpa = ScaledDotProductAttention(attn_drop, fused)
@@ -128,6 +130,7 @@ class PlatonicMlp(nn.Module):
 
     def __init__(self, group: FiniteGroup, channels: int, hidden: int, drop: float = 0.0, impl: str = "auto") -> None:
         super().__init__()
+        self.in_type = self.out_type = FeatureType.frames(group, channels)
         self.fc1 = GroupConvLinear(group, channels, hidden, impl=impl)
         self.act = nn.GELU()
         self.fc2 = GroupConvLinear(group, hidden, channels, impl=impl)
@@ -161,6 +164,7 @@ class PlatonicBlock(nn.Module):
     ) -> None:
         super().__init__()
         G = group.order
+        self.in_type = self.out_type = FeatureType.frames(group, channels)
         self.norm1 = RegularLayerNorm(G, channels)
         self.attn = PlatonicAttention(
             group, channels, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused_attn, scores, impl

@@ -21,6 +21,7 @@ from torch import nn
 
 from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import DerivedCache, ExactBuffers
+from eqvit.nn.irrep_features import FeatureType
 
 IMPLEMENTATIONS = ("auto", "cayley", "fourier")
 # impl="auto" takes the Fourier form below this multiply-add ratio. Measured (T, O, I at 1024 tokens,
@@ -133,6 +134,7 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
             raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLEMENTATIONS)}")
         G = group.order
         self.order, self.in_channels, self.out_channels = G, in_channels, out_channels
+        self.in_type, self.out_type = FeatureType.frames(group, in_channels), FeatureType.frames(group, out_channels)
         self.weight = nn.Parameter(torch.empty(G, out_channels, in_channels))
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         # kernel_index[r, s] = index of R_r^-1 R_s: which kernel value sits in block (r, s).
