@@ -31,9 +31,10 @@ from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
 from eqvit.models.vit import EquivariantViT, PointCloudViT
+from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.platonic import FramePoolDense, InvariantPoolHead, PlatonicBlock
 from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding
-from eqvit.nn.regular import RegularFeatures, RegularLayerNorm
+from eqvit.nn.regular import RegularLayerNorm
 from eqvit.nn.tokenizers.icosphere import IcosphereUnpatchify
 from eqvit.nn.tokenizers.platonic import LiftedIcosphereEmbed, LiftedPointEmbed, LiftedSquarePatchEmbed
 from eqvit.nn.tokenizers.square import square_patch_layout
@@ -254,7 +255,7 @@ def build_platonic(
             token_grid=PointDomain(
                 square_patch_layout(img_size, patch_size)[1], shape=(side, side), name=f"the {side}x{side} patch grid"
             ),
-            token_type=RegularFeatures(frames, channels),
+            token_type=FeatureType.frames(frames, channels),
             feature_reduction=patch_size,
             **common,
         )

@@ -31,28 +31,9 @@ FOURIER_COST_RATIO = 0.2
 
 
 def frame_action(group: FiniteGroup, g: int, x: torch.Tensor) -> torch.Tensor:
-    """``L_g`` on regular features ``x [..., |G| * C]``: ``(L_g f)(R_j) = f(R_{cayley[g^-1, j]})``."""
-    G = group.order
-    source = torch.as_tensor(np.array(group.cayley[group.inverse[g]]), device=x.device)
-    return x.unflatten(-1, (G, -1))[..., source, :].flatten(-2)
-
-
-class RegularFeatures:
-    """The feature type of regular features ``[..., |G| * C]`` (frames-major): ``act`` is :func:`frame_action`.
-
-    Plays the part :class:`~eqvit.nn.irrep_features.FeatureType` plays for irrep-wise features
-    (``.group``, ``.dim``, ``.act(g, x)``), e.g. for the action on a Platonic model's intermediate maps.
-    """
-
-    def __init__(self, group: FiniteGroup, channels: int) -> None:
-        self.group, self.channels, self.dim = group, channels, group.order * channels
-
-    def __repr__(self) -> str:
-        return f"RegularFeatures({self.group.name}: {self.channels} x regular; dim={self.dim})"
-
-    def act(self, g: int, x: torch.Tensor) -> torch.Tensor:
-        """Group element ``g`` (an index) applied to features ``x [..., |G| * C]``."""
-        return frame_action(self.group, g, x)
+    """``L_g`` on regular features ``x [..., |G| * C]``: ``(L_g f)(R_j) = f(R_{cayley[g^-1, j]})``
+    (the action of :meth:`FeatureType.frames <eqvit.nn.irrep_features.FeatureType.frames>`)."""
+    return FeatureType.frames(group, x.shape[-1] // group.order).act(g, x)
 
 
 class LiftToGroup(ExactBuffers):
