@@ -125,16 +125,13 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from eqvit.train.checkpoint import OutputDirError, prepare_output_dir
+    from eqvit.train.checkpoint import check_output_file
     from eqvit.train.config import load_config
     from eqvit.train.engine import evaluate_checkpoint
 
     config = load_config(args.config)
     if args.json:  # found before the evaluation, not after it
-        target = Path(args.json)
-        if target.is_dir():
-            raise OutputDirError(f"--json {target} is a folder; give a file name, e.g. {target / 'metrics.json'}")
-        prepare_output_dir(target.parent, flag="the folder of --json")
+        check_output_file(args.json, "--json")
     result = evaluate_checkpoint(config, args.checkpoint)
     if args.json:
         import json

@@ -132,6 +132,27 @@ def prepare_output_dir(folder: str | Path, flag: str = "--out") -> Path:
     return folder
 
 
+def check_output_file(path: str | Path, flag: str) -> Path:
+    """Before long work: prove that the file ``path`` (the value of ``flag``) can be written.
+
+    Creates its folder if needed; raises :class:`OutputDirError` in one sentence when ``path`` is a
+    folder, lies under a regular file, or its folder cannot be written to.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputDirError(f"{flag} {path} is a folder; give a file name, e.g. {path / 'metrics.json'}")
+    blocker = next((p for p in path.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise OutputDirError(f"cannot write {flag} {path}: {blocker} is a regular file, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent) as fh:
+            fh.write(b"eqvit")
+    except OSError as err:
+        raise OutputDirError(f"cannot write {flag} {path}: its folder is not writable ({_reason(err)})") from None
+    return path
+
+
 def _optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, torch.Tensor], dict]:
     if optimizer is None:
         return {}, {}
@@ -185,13 +206,9 @@ def save_checkpoint(
     try:
         _atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"eqvit": text}))
     except OSError as err:
-        kept = (
-            f"the previous checkpoint {weights} is kept unchanged"
-            if had_previous
-            else "no earlier checkpoint existed there"
-        )
+        kept = "the previous checkpoint there is kept unchanged" if had_previous else "no earlier checkpoint existed"
         raise CheckpointWriteError(
-            f"could not write the checkpoint {weights} at step {step} ({_reason(err)}); {kept}"
+            f"could not write the checkpoint of step {step} to {weights} ({_reason(err)}); {kept}"
         ) from None
     sidecar_path = out_dir / f"{name}.json"
     try:
@@ -359,8 +376,7 @@ def export_weights(checkpoint: str | Path, out: str | Path) -> tuple[Path, dict[
     out = Path(out)
     if out.suffix != ".safetensors":
         raise ValueError(f"expected an output path ending in .safetensors, got {out}")
-    if out.exists() and not out.is_file():
-        raise OutputDirError(f"{out} exists and is not a file")
+    check_output_file(out, "the export target")
     model = (sidecar.get("config") or {}).get("model") or {}
     metadata = {
         "format": "pt",
@@ -369,7 +385,6 @@ def export_weights(checkpoint: str | Path, out: str | Path) -> tuple[Path, dict[
         "eqvit_relaxed": json.dumps(sidecar.get("relaxed") or []),
         "eqvit_step": str(sidecar.get("step", "")),
     }
-    prepare_output_dir(out.parent, flag="the output folder")
     try:
         _atomic_write(out, lambda tmp: save_file(state, tmp, metadata=metadata))
     except OSError as err:

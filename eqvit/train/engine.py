@@ -539,6 +539,9 @@ class Trainer:
             self.bar.close()
             self.save()
             raise
+        except BaseException:
+            self.bar.close()  # the error message starts on a line of its own
+            raise
         return self.done
 
     def finish(self) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def _model_name(model: nn.Module) -> str:
 
 
 def domain_kind(domain: Any) -> str:
-    """"sphere" (unit vectors [P, 3]), "plane" ([P, 2]), "point clouds", "none" or "other"."""
+    """The kind of a model's domain: sphere (unit vectors [P, 3]), plane ([P, 2]), point clouds, none or other."""
     if domain is None:
         return "none"
     points = getattr(domain, "points", None)
