@@ -254,7 +254,19 @@ def test_a_size_mismatch_names_the_tensors_and_shapes(run):
     assert "run/last.safetensors does not fit the model" in message
 
 
-def test_full_disk_while_saving_keeps_the_old_checkpoint_and_says_so(capsys, tiny, tmp_path, monkeypatch):
+def _enospc_oserror(filename):
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+
+
+def _enospc_safetensors(filename):
+    """What safetensors' save_file raises on a real full disk (seen on a 600 KiB tmpfs)."""
+    from safetensors import SafetensorError
+
+    return SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("make_error", [_enospc_oserror, _enospc_safetensors])
+def test_full_disk_while_saving_keeps_the_old_checkpoint_and_says_so(capsys, tiny, tmp_path, monkeypatch, make_error):
     out = tmp_path / "full"
     real_save_file = ckpt_module.save_file
     calls = {"n": 0}
@@ -262,7 +274,7 @@ def test_full_disk_while_saving_keeps_the_old_checkpoint_and_says_so(capsys, tin
     def fill_up(tensors, filename, metadata=None):
         calls["n"] += 1
         if calls["n"] >= 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+            raise make_error(filename)
         real_save_file(tensors, filename, metadata=metadata)
 
     monkeypatch.setattr(ckpt_module, "save_file", fill_up)

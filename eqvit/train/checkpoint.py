@@ -41,8 +41,12 @@ class OutputDirError(ValueError):
 TEMP_PATTERN = re.compile(r"^\.((?P<name>.+\.(safetensors|json))\.[A-Za-z0-9_]{8}\.tmp|tmp[A-Za-z0-9]{6})$")
 
 
-def _reason(err: OSError) -> str:
-    return err.strerror or errno.errorcode.get(err.errno or 0, "") or str(err)
+def _reason(err: Exception) -> str:
+    """``No space left on device`` from an OSError, or from safetensors' ``I/O error: ... (os error 28)``."""
+    if isinstance(err, OSError):
+        return err.strerror or errno.errorcode.get(err.errno or 0, "") or str(err)
+    match = re.search(r"I/O error: (.*?)(?: \(os error \d+\))?$", str(err))
+    return match.group(1) if match else str(err)
 
 
 def _umask() -> int:
@@ -205,7 +209,7 @@ def save_checkpoint(
     had_previous = weights.is_file()
     try:
         _atomic_write(weights, lambda tmp: save_file(tensors, tmp, metadata={"eqvit": text}))
-    except OSError as err:
+    except (OSError, SafetensorError) as err:  # a full disk reaches us from safetensors as a SafetensorError
         kept = "the previous checkpoint there is kept unchanged" if had_previous else "no earlier checkpoint existed"
         raise CheckpointWriteError(
             f"could not write the checkpoint of step {step} to {weights} ({_reason(err)}); {kept}"
@@ -322,8 +326,8 @@ def model_config_differences(
 
     diffs = []
     ckpt_name = checkpoint_model.get("name")
-    if ckpt_name is not None and ckpt_name != model_name:
-        diffs.append(f"model.name: {model_name!r} in the config, {ckpt_name!r} in the checkpoint")
+    if ckpt_name is not None and ckpt_name != model_name:  # another entry point: its arguments differ anyway
+        return [f"model.name: {model_name!r} in the config, {ckpt_name!r} in the checkpoint"]
     recorded = checkpoint_model.get("model_config")
     if recorded is not None and effective is not None:
         now = normalise_model_config(effective)
@@ -387,6 +391,6 @@ def export_weights(checkpoint: str | Path, out: str | Path) -> tuple[Path, dict[
     }
     try:
         _atomic_write(out, lambda tmp: save_file(state, tmp, metadata=metadata))
-    except OSError as err:
+    except (OSError, SafetensorError) as err:
         raise CheckpointWriteError(f"could not write {out} ({_reason(err)})") from None
     return out, sidecar
