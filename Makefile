@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 run: $(STAMP)
-	$(PY) -m eqvit train configs/so3vit_swe_demo.yaml
+	$(PY) -m eqvit train configs/so3vit_swe_demo.yaml --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q

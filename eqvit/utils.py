@@ -6,10 +6,16 @@ import difflib
 from collections.abc import Iterable
 
 
-def unknown_name_error(kind: str, name: str, valid: Iterable[str]) -> ValueError:
-    """A ValueError for an unknown ``name`` that lists the valid ones and the closest match."""
+def close_match_hint(name: str, valid: Iterable[str]) -> str:
+    """``" Did you mean 'x'?"`` for the closest of ``valid`` to ``name``, or ``""``."""
+    valid = [str(v) for v in valid]
+    same_but_case = [v for v in valid if v.lower() == str(name).lower()]
+    close = same_but_case or difflib.get_close_matches(str(name), valid, n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_name_error(kind: str, name: str, valid: Iterable[str], cls: type[ValueError] = ValueError) -> ValueError:
+    """A ValueError (or subclass ``cls``) for an unknown ``name`` that lists the valid ones and the closest match."""
     valid = list(valid)
-    close = difflib.get_close_matches(str(name), valid, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    shown = ", ".join(valid[:40]) + (", ..." if len(valid) > 40 else "")
-    return ValueError(f"unknown {kind} {name!r}.{hint} Valid: {shown}")
+    shown = ", ".join(str(v) for v in valid[:40]) + (", ..." if len(valid) > 40 else "")
+    return cls(f"unknown {kind} {name!r}.{close_match_hint(name, valid)} Valid: {shown}")

@@ -11,7 +11,13 @@ from safetensors.torch import load_file
 
 import eqvit
 from eqvit.train import checkpoint as ckpt_module
-from eqvit.train.checkpoint import CheckpointError, load_checkpoint, load_model_state, save_checkpoint
+from eqvit.train.checkpoint import (
+    CheckpointError,
+    CheckpointWriteError,
+    load_checkpoint,
+    load_model_state,
+    save_checkpoint,
+)
 from eqvit.train.config import ConfigError, ExperimentConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,7 +185,7 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, trained, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(ckpt_module, "save_file", crashing_save_file)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointWriteError, match=r"disk full.*previous checkpoint there is kept"):
         save_checkpoint(tmp_path, model, step=2, config={"a": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.json", "last.safetensors"]
     assert (tmp_path / "last.safetensors").read_bytes() == before

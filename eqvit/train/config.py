@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,12 +17,42 @@ from typing import Any
 
 import yaml
 
+from eqvit.utils import unknown_name_error
+
 
 class ConfigError(ValueError):
     """A user error in a config file (reported without a traceback by the CLI)."""
 
 
+# The name-valued fields and what they may be (each checked with a close-match suggestion).
 OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("cosine", "plateau", "constant")
+RELAXATION_UNITS = ("step", "epoch")
+ROTATIONS = ("none", "z", "so3")
+SDPA_BACKENDS = ("flash", "efficient", "math", "cudnn")
+DEVICES = ("cpu", "cuda", "cuda:N")
+
+
+def check_choice(where: str, kind: str, value: Any, valid: tuple[str, ...]) -> None:
+    """ConfigError ``unknown <kind> (<where>) 'x'. Did you mean 'y'? Valid: ...`` unless ``value in valid``."""
+    if value not in valid:
+        raise unknown_name_error(f"{kind} ({where})", value, valid, cls=ConfigError)
+
+
+def check_range(where: str, value: Any, low: float, *, strict: bool = False, optional: bool = False) -> None:
+    """ConfigError unless ``value >= low`` (``> low`` if ``strict``); ``None`` passes when ``optional``."""
+    if value is None and optional:
+        return
+    if value is None or (value <= low if strict else value < low):
+        bound = f"> {low}" if strict else f">= {low}"
+        extra = " (or null for the default)" if optional else ""
+        raise ConfigError(f"{where}: expected a value {bound}{extra}, got {value!r}")
+
+
+def check_device(where: str, value: str) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N``."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", str(value)):
+        raise unknown_name_error(f"device ({where})", value, DEVICES, cls=ConfigError)
 
 
 @dataclass
@@ -38,8 +69,7 @@ class RelaxationConfig:
     schedule: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.unit not in ("step", "epoch"):
-            raise ConfigError(f"model.relaxation.unit: expected 'step' or 'epoch', got {self.unit!r}")
+        check_choice("model.relaxation.unit", "unit", self.unit, RELAXATION_UNITS)
         negative = [k for k in self.schedule if k < 0]
         if negative:
             raise ConfigError(f"model.relaxation.schedule: times must be >= 0, got {negative}")
@@ -86,6 +116,17 @@ class DataConfig:
     train_rotate: str = "none"  # none | z | so3
     val_rotate: str = "so3"  # what the model is scored on
 
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "val_batch_size", "num_val", "nlat", "nlon", "steps_per_trajectory", "num_points"):
+            check_range(f"data.{key}", getattr(self, key), 1)
+        check_range("data.num_train", self.num_train, 0)
+        check_range("data.sample_ratio", self.sample_ratio, 0, strict=True)
+        if self.sample_ratio > 1:
+            raise ConfigError(f"data.sample_ratio: expected a fraction in (0, 1], got {self.sample_ratio!r}")
+        check_range("data.img_size", self.img_size, 1, optional=True)
+        for key in ("train_rotate", "val_rotate"):
+            check_choice(f"data.{key}", "rotation", getattr(self, key), ROTATIONS)
+
 
 @dataclass
 class OptimConfig:
@@ -95,10 +136,10 @@ class OptimConfig:
     grad_clip: float | None = 1.0
 
     def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            close = difflib.get_close_matches(self.name, OPTIMIZERS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"optim.name: unknown optimiser {self.name!r}{hint} (valid: {', '.join(OPTIMIZERS)})")
+        check_choice("optim.name", "optimiser", self.name, OPTIMIZERS)
+        check_range("optim.lr", self.lr, 0, strict=True)
+        check_range("optim.weight_decay", self.weight_decay, 0)
+        check_range("optim.grad_clip", self.grad_clip, 0, optional=True)
 
 
 @dataclass
@@ -108,6 +149,14 @@ class ScheduleConfig:
     min_lr: float = 1e-5
     patience: int = 2
     factor: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_choice("schedule.name", "schedule", self.name, SCHEDULES)
+        check_range("schedule.warmup_steps", self.warmup_steps, 0)
+        check_range("schedule.min_lr", self.min_lr, 0)
+        check_range("schedule.patience", self.patience, 0)
+        if not 0 < self.factor < 1:
+            raise ConfigError(f"schedule.factor: expected a number in (0, 1), got {self.factor!r}")
 
 
 @dataclass
@@ -126,6 +175,19 @@ class TrainConfig:
     amp: bool = False  # bf16 autocast
     compile: bool = False  # torch.compile the model
     sdpa_backend: str | None = None  # GPU only: "flash", "efficient", "math", "cudnn"
+
+    def __post_init__(self) -> None:
+        check_range("train.max_steps", self.max_steps, 1)
+        check_range("train.max_epochs", self.max_epochs, 0, strict=True, optional=True)
+        check_range("train.max_minutes", self.max_minutes, 0, strict=True, optional=True)
+        check_range("train.eval_every", self.eval_every, 0)
+        check_range("train.eval_every_epochs", self.eval_every_epochs, 0, strict=True, optional=True)
+        check_range("train.log_every", self.log_every, 1)
+        check_range("train.threads", self.threads, 1, optional=True)
+        check_range("train.checkpoint_every", self.checkpoint_every, 0)
+        check_device("train.device", self.device)
+        if self.sdpa_backend is not None:
+            check_choice("train.sdpa_backend", "attention backend", self.sdpa_backend, SDPA_BACKENDS)
 
 
 @dataclass

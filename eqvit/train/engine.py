@@ -41,13 +41,17 @@ from tqdm.auto import tqdm
 from eqvit.models import create_model
 from eqvit.train.checkpoint import (
     CheckpointError,
+    OutputDirError,
+    check_model_config,
     load_checkpoint,
     load_model_state,
     load_optimizer_state,
+    normalise_model_config,
+    prepare_output_dir,
     save_checkpoint,
 )
-from eqvit.train.config import ExperimentConfig, ScheduleConfig
-from eqvit.train.tasks import build_task
+from eqvit.train.config import ConfigError, ExperimentConfig, ScheduleConfig
+from eqvit.train.tasks import build_task, check_dataset_name
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 
@@ -188,6 +192,26 @@ def check_relaxation(model: nn.Module, schedule: dict[int, str]) -> None:
             raise ValueError(f"model.relaxation.schedule: {err}") from None
 
 
+def build_model(config: ExperimentConfig) -> nn.Module:
+    """The registered model ``model.name`` with ``model.kwargs``; a bad name, key or value is a ConfigError."""
+    name, kwargs = config.model.name, config.model.kwargs
+    try:
+        return create_model(name, **kwargs)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"cannot build model {name!r} from model.kwargs {kwargs}: {err}") from None
+
+
+def check_no_previous_run(out: str | Path) -> None:
+    """OutputDirError when ``out`` already holds a run's checkpoint (``train`` without resume / overwrite)."""
+    out = Path(out)
+    previous = [p.name for p in (out / "last.safetensors", out / "last.json") if p.exists()]
+    if previous:
+        raise OutputDirError(
+            f"{out} already holds a run ({', '.join(previous)}); pass --resume to continue it, --overwrite to "
+            "replace its checkpoint with a new run, or choose another --out"
+        )
+
+
 def restrict_model(model: nn.Module, subgroup: str) -> nn.Module:
     """:func:`eqvit.models.restrict.restrict` on the model's device, leaving the global RNG alone."""
     from eqvit.models.restrict import restrict
@@ -224,8 +248,13 @@ class Trainer:
                 f"data.batch_size {config.data.batch_size} must be divisible by the {self.dist.world_size} processes"
             )
         self.progress = progress and self.dist.is_main
+        if self.dist.is_main:  # a folder that cannot take the checkpoint is found now, not after training
+            prepare_output_dir(self.out)
+        check_dataset_name(config.data.name)
         seed_everything(tcfg.seed)
-        self.model = create_model(config.model.name, **config.model.kwargs).to(self.device)
+        self.model = build_model(config).to(self.device)
+        # the effective builder arguments, recorded so that eval / resume can compare theirs
+        self.model_config = normalise_model_config(getattr(self.model, "config", None) or {})
         check_relaxation(self.model, config.model.relaxation.schedule)
         self.task = build_task(config.data, self.model, self.device)
         self.horizon = self._horizon()
@@ -323,6 +352,7 @@ class Trainer:
                 "plateau": self.plateau.state_dict() if self.plateau is not None else None,
                 "world_size": self.dist.world_size,
                 "relaxed": self.relaxed,
+                "model_config": self.model_config,
             }
             save_checkpoint(
                 self.out,
@@ -344,6 +374,7 @@ class Trainer:
         tensors, sidecar = load_checkpoint(path)
         if "step" not in sidecar or "history" not in sidecar:
             raise CheckpointError(f"checkpoint {path} lacks the training state needed to resume (step, history)")
+        check_model_config(sidecar, self.config.model.name, self.config.model.kwargs, self.model, str(path))
         relaxed = list(sidecar.get("relaxed", []))
         if relaxed != [name for _, name in self.relaxations[: len(relaxed)]]:
             raise CheckpointError(
@@ -508,6 +539,9 @@ class Trainer:
             self.bar.close()
             self.save()
             raise
+        except BaseException:
+            self.bar.close()  # the error message starts on a line of its own
+            raise
         return self.done
 
     def finish(self) -> dict[str, Any]:
@@ -578,8 +612,15 @@ def train(
     max_minutes: float | None = None,
     progress: bool = True,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Train ``config`` (optionally resuming from ``OUT/last.safetensors``); returns the summary."""
+    """Train ``config`` (optionally resuming from ``OUT/last.safetensors``); returns the summary.
+
+    An ``OUT`` that already holds a run is refused unless ``resume`` (continue it) or ``overwrite``
+    (replace its checkpoint).
+    """
+    if not resume and not overwrite:
+        check_no_previous_run(out_dir or config.train.out)
     trainer = Trainer(config, out_dir, progress)
     if resume and not trainer.resume() and trainer.progress:
         print(f"no checkpoint in {trainer.out}; starting from scratch")
@@ -593,7 +634,9 @@ def evaluate_checkpoint(config: ExperimentConfig, checkpoint: str | Path, progre
     """
     tensors, sidecar = load_checkpoint(checkpoint)
     device = torch.device(config.train.device)
-    model = create_model(config.model.name, **config.model.kwargs).to(device)
+    check_dataset_name(config.data.name)
+    model = build_model(config).to(device)
+    check_model_config(sidecar, config.model.name, config.model.kwargs, model, str(checkpoint))
     for subgroup in sidecar.get("relaxed", []):
         model = restrict_model(model, subgroup)
     load_model_state(model, tensors, str(checkpoint))

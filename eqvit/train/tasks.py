@@ -37,6 +37,49 @@ from eqvit.train.config import DataConfig
 from eqvit.utils import unknown_name_error
 
 
+def _model_name(model: nn.Module) -> str:
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
+    return cfg.get("architecture") or type(model).__name__
+
+
+def domain_kind(domain: Any) -> str:
+    """The kind of a model's domain: sphere (unit vectors [P, 3]), plane ([P, 2]), point clouds, none or other."""
+    if domain is None:
+        return "none"
+    points = getattr(domain, "points", None)
+    if points is None:
+        return "point clouds" if hasattr(domain, "dim") else "other"
+    points = np.asarray(points)
+    if points.ndim == 2 and points.shape[1] == 3 and np.allclose(np.linalg.norm(points, axis=1), 1.0, atol=1e-6):
+        return "sphere"
+    if points.ndim == 2 and points.shape[1] == 2:
+        return "plane"
+    return "other"
+
+
+def check_domain(dataset: str, needs: str, kinds: tuple[str, ...], model: nn.Module) -> None:
+    """ValueError in one sentence when ``model``'s domain is not one of ``kinds`` (what ``dataset`` needs)."""
+    domain = getattr(model, "domain", None)
+    if domain_kind(domain) in kinds:
+        return
+    if domain is None:
+        takes = "declares no input domain (no .domain)"
+    else:
+        describe = getattr(domain, "describe_input", None)
+        takes = f"takes {describe(getattr(model, 'in_chans', 'C'))}" if describe else f"is on {domain.name}"
+    raise ValueError(
+        f"model {_model_name(model)!r} does not fit data.name {dataset!r}: the task needs {needs}, "
+        f"but the model {takes}"
+    )
+
+
+SPHERE_MODELS = (
+    "a model on the sphere (icosphere vertices or a lat-lon grid: so3vit_*, platonic_sphere_*, s2transformer_*)"
+)
+IMAGE_MODELS = "a model on a square or hexagonal image grid (o2vit_*, platonic_image_*)"
+POINT_MODELS = "a point-cloud model called as model(pos, feat) (platonic_points_*)"
+
+
 def default_cache_dir(cfg: DataConfig) -> Path:
     """Where fixed validation sets are cached: ``data.cache_dir``, ``$EQVIT_CACHE`` or ~/.cache/eqvit."""
     return Path(cfg.cache_dir or os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser() / cfg.name
@@ -62,9 +105,8 @@ class ShallowWaterTask:
         from eqvit.train.metrics import latlon_quadrature_weights
 
         self.cfg, self.device = cfg, device
+        check_domain(cfg.name, SPHERE_MODELS, ("sphere",), model)
         domain = model.domain
-        if domain is None:
-            raise ValueError(f"model {type(model).__name__} has no .domain; shallow water needs one")
         self.on_grid = tuple(domain.shape) == (cfg.nlat, cfg.nlon)
         self.kind = "grid" if self.on_grid else "points"
         sw_cfg = ShallowWaterConfig(
@@ -277,10 +319,8 @@ def _image_input(cfg: DataConfig, model: nn.Module, default_size: int) -> tuple[
     """
     from eqvit.data.images import SquareToHex
 
-    domain = getattr(model, "domain", None)
-    name = type(model).__name__
-    if domain is None:
-        raise ValueError(f"model {name} has no .domain; image classification needs a square or hexagonal grid")
+    check_domain(cfg.name, IMAGE_MODELS, ("plane",), model)
+    domain = model.domain
     shape = tuple(domain.shape)
     if len(shape) == 2:
         if shape[0] != shape[1]:
@@ -335,6 +375,7 @@ def pointcloud_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
     """
     from eqvit.data.pointclouds import pointcloud_splits
 
+    check_domain(cfg.name, POINT_MODELS, ("point clouds",), model)
     splits = pointcloud_splits(
         cfg.num_train,
         cfg.num_val,
@@ -503,8 +544,18 @@ def dataset_names() -> list[str]:
     return [*TASKS, *CLASSIFICATION_DATASETS]
 
 
+def check_dataset_name(name: str) -> None:
+    """ValueError listing the valid ``data.name`` values (with a close match) unless ``name`` is one."""
+    if name not in dataset_names():
+        raise unknown_name_error("dataset (data.name)", name, dataset_names())
+
+
 def build_task(cfg: DataConfig, model: nn.Module, device: torch.device):
-    """The task for ``cfg.name``: shallow water, or classification of a registered dataset."""
+    """The task for ``cfg.name``: shallow water, or classification of a registered dataset.
+
+    A model whose domain does not fit the task (an image model on shallow water) is a ValueError
+    saying what the task needs and what the model takes.
+    """
     if cfg.name in TASKS:
         return TASKS[cfg.name](cfg, model, device)
     if cfg.name in CLASSIFICATION_DATASETS:
