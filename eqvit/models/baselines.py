@@ -23,6 +23,7 @@ SO(3)-RoPE: the non-equivariant ablation (``group`` is None).
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 import warnings
@@ -30,7 +31,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch_harmonics.examples.models import SphericalTransformer
 
 from eqvit.data.shallow_water import latlon_points
 from eqvit.geometry.domain import PointDomain, parameter_dtype
@@ -44,11 +44,25 @@ from eqvit.utils import unknown_name_error
 # SphericalTransformer arguments that the wrapper names itself (eqvit's names on the right).
 _RENAMED = {"num_layers": "depth", "residual_prediction": "residual"}
 _OWN = ("img_size", "grid", "in_chans", "out_chans", "embed_dim", "num_heads", "theta_cutoff")
-_PASSTHROUGH = tuple(
-    name
-    for name in inspect.signature(SphericalTransformer.__init__).parameters
-    if name != "self" and name not in _RENAMED and name not in _OWN
-)
+
+
+@functools.cache
+def _spherical_transformer() -> type[nn.Module]:
+    """torch-harmonics' SphericalTransformer, imported on first use: torch-harmonics takes seconds
+    to import, so ``import eqvit`` and ``eqvit list`` leave it until an ``s2transformer_*`` is built."""
+    from torch_harmonics.examples.models import SphericalTransformer
+
+    return SphericalTransformer
+
+
+@functools.cache
+def _passthrough() -> tuple[str, ...]:
+    """The SphericalTransformer arguments passed through unchanged (all it takes but ours)."""
+    return tuple(
+        name
+        for name in inspect.signature(_spherical_transformer().__init__).parameters
+        if name != "self" and name not in _RENAMED and name not in _OWN
+    )
 
 
 def default_theta_cutoff(nlat: int) -> float:
@@ -103,11 +117,12 @@ class S2TransformerBaseline(nn.Module):
         **kwargs: Any,
     ) -> None:
         super().__init__()
+        passthrough = _passthrough()
         for name in kwargs:
             if name in _RENAMED:
                 raise ValueError(f"pass {_RENAMED[name]}= instead of SphericalTransformer's {name}=")
-            if name not in _PASSTHROUGH:
-                raise unknown_name_error("S2Transformer argument", name, sorted(_PASSTHROUGH + _OWN))
+            if name not in passthrough:
+                raise unknown_name_error("S2Transformer argument", name, sorted(passthrough + _OWN))
         if not isinstance(img_size, (tuple, list)):
             raise ValueError(f"expected img_size to be a pair (nlat, nlon), got {img_size!r}")
         check_model_args(
@@ -164,7 +179,7 @@ class S2TransformerBaseline(nn.Module):
             # torch-harmonics announces changed defaults (SHT truncation of the spectral position
             # embedding on equiangular grids); the new defaults are the ones we want.
             warnings.filterwarnings("ignore", message="Default .* changed in v0", category=UserWarning)
-            self.model = SphericalTransformer(
+            self.model = _spherical_transformer()(
                 img_size=(nlat, nlon),
                 grid=grid,
                 grid_internal=grid_internal,
