@@ -12,9 +12,10 @@ The models run interleaved (every repeat times each model once, in an order that
 repeat to the next) so that load from other jobs on a shared machine hits all of them alike;
 medians are reported with the load average.
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add; matmuls,
-convolutions and attention; elementwise ops are not counted) for a steady-state inference forward
-(dense weights, patch filters and APE cached, as in the timed loop) and, separately, for the first
-forward after the caches are cleared (which also builds them). Writes JSON and prints a table.
+convolutions and attention; elementwise ops are not counted) for the timed inference forward and,
+separately, for the training form's forward (which also derives its dense weights). The eqvit
+models are timed in their inference form, ``eqvit.fuse(model)``: dense weights, patch filters, APE
+and the norms' reflection folded once. Writes JSON and prints a table.
 
 Runs on CUDA when present (``--device`` chooses; ``--amp`` for bf16 autocast). On CUDA the timed
 forwards are measured with CUDA events, each row also gives the peak memory of one forward
@@ -83,16 +84,14 @@ def describe(name: str, model: torch.nn.Module) -> dict:
 
 
 def flops(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
-    """``(steady-state FLOPs, FLOPs of a forward that first rebuilds every derived-weight cache)``."""
-    for module in model.modules():
-        if hasattr(module, "clear_derived_cache"):
-            module.clear_derived_cache()
+    """``(FLOPs of the inference forward, FLOPs of the training form's forward)``: the training form
+    derives its dense weights on every call, the fused form (``eqvit.fuse``) once."""
     counts = []
-    for _ in range(2):  # cold (builds the caches), then warm
+    for m in (model.eval() if isinstance(model, timm.models.VisionTransformer) else eqvit.fuse(model), model):
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(x)
+            m(x)
         counts.append(int(counter.get_total_flops()))
-    return counts[1], counts[0]
+    return counts[0], counts[1]
 
 
 def interleaved_times(
@@ -167,6 +166,8 @@ def main() -> None:
             if len({s[key] for s in shapes.values()}) != 1:
                 raise RuntimeError(f"models differ in {key}: {shapes}")
         params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+        training_forms = models
+        models = {name: m.eval() if name == "timm_vit" else eqvit.fuse(m) for name, m in models.items()}
         flash = {}
         if device.type == "cuda":
             x1 = torch.randn(1, 3, 256, 256, device=device)
@@ -177,7 +178,7 @@ def main() -> None:
         for batch in args.batches:
             x = torch.randn(batch, 3, 256, 256).to(device)
             torch.set_num_threads(1)
-            counted = {name: flops(m, x) for name, m in models.items()}
+            counted = {name: flops(m, x) for name, m in training_forms.items()}
             gflops = {name: c[0] / 1e9 for name, c in counted.items()}
             gflops_uncached = {name: c[1] / 1e9 for name, c in counted.items()}
             for threads in args.threads:
@@ -203,7 +204,7 @@ def main() -> None:
                             "ratio_to_timm": med[name] / med["timm_vit"],
                             "ratio_to_timm_per_round_median": per_round[name],
                             "gflops": gflops[name],
-                            "gflops_first_forward_uncached": gflops_uncached[name],
+                            "gflops_training_form": gflops_uncached[name],
                             "params": params[name],
                             **shapes[name],
                         }
@@ -236,7 +237,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "note": (
             "interleaved timing; ratio = median o2vit time / median timm time; FLOPs = 2 x multiply-adds of a "
-            "steady-state forward (gflops_first_forward_uncached: the forward that builds the cached weights)"
+            "fused inference forward (gflops_training_form: the training form, which derives its weights per call)"
         ),
     }
     if device.type == "cuda":

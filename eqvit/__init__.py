@@ -5,9 +5,19 @@
 """
 
 from eqvit import groups
+from eqvit.fuse import fuse
 from eqvit.models import EquivariantViT, create_model, list_models, register_model
 from eqvit.models.restrict import restrict
 
 __version__ = "0.1.0"
 
-__all__ = ["EquivariantViT", "__version__", "create_model", "groups", "list_models", "register_model", "restrict"]
+__all__ = [
+    "EquivariantViT",
+    "__version__",
+    "create_model",
+    "fuse",
+    "groups",
+    "list_models",
+    "register_model",
+    "restrict",
+]

@@ -1,6 +1,7 @@
 """Mixed precision: every registered tiny model runs under CPU bf16 autocast, forward and backward, and
-the parameter-derived caches (:class:`~eqvit.nn.buffers.DerivedCache`) never hand a value computed
-under one autocast state to a forward in another (issue 19, part 3, faults 6 and 7)."""
+no weight computed under one autocast state reaches a forward in another (issue 19, part 3, faults 6
+and 7): the training form derives its weights on every call, the fused form (``eqvit.fuse``) keeps
+them in the model's dtype and autocast casts them per call."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from randomise import randomise_
 from torch import nn
 
 import eqvit
-from eqvit.nn.buffers import DerivedCache
 
 TINY = eqvit.list_models("*tiny")
 
@@ -35,14 +35,18 @@ def _autocast():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
-def _uses_cache(model: nn.Module) -> bool:
-    return any(isinstance(m, DerivedCache) for m in model.modules())
-
-
-def test_tiny_models_using_the_cache_exist():
-    """The O(2) and Platonic families fold weights through DerivedCache: the tests below cover them."""
-    users = [name for name in TINY if _uses_cache(_model(name))]
-    assert {"o2vit_square_tiny", "o2vit_hex_tiny", "platonic_image_tiny"} <= set(users)
+@pytest.mark.parametrize("name", TINY)
+def test_fused_models_under_autocast(name):
+    """The fused form's frozen weights: an autocast forward leaves a later fp32 forward as it was, and is
+    bf16-close to it."""
+    fused = eqvit.fuse(_model(name))
+    x = _input(fused)
+    with torch.no_grad():
+        expected = _call(fused, x)
+        with _autocast():
+            low = _call(fused, x)
+        assert torch.equal(_call(fused, x), expected)
+    assert (low.float() - expected).abs().max() <= 0.1 * expected.abs().max()
 
 
 @pytest.mark.parametrize("name", TINY)

@@ -7,11 +7,11 @@ import torch
 from eqvit.groups import get_group
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads, irrepwise_heads
-from eqvit.nn.irrep_blocks import IrrepBlock, IrrepMlp
+from eqvit.nn.irrep_blocks import IrrepMlp, irrep_block
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
-from eqvit.nn.platonic import PlatonicAttention, PlatonicBlock, PlatonicMlp
+from eqvit.nn.platonic import PlatonicAttention, PlatonicMlp, platonic_block
 from eqvit.nn.regular import GroupConvLinear, frame_action
 from eqvit.testing import EquivarianceError, assert_equivariant
 from tests.randomise import randomise_
@@ -88,13 +88,13 @@ def _layers():
     yield "IrrepAttention irrepwise", IrrepAttention(V, irrepwise_heads(V, 1))
     yield "FourierActivation", FourierActivation(hidden, basis)
     yield "IrrepMlp", IrrepMlp(V, FourierActivation(hidden, basis))
-    yield "IrrepBlock", IrrepBlock(V, coupled_heads(V, 2), FourierActivation(hidden, basis))
+    yield "irrep_block", irrep_block(V, coupled_heads(V, 2), FourierActivation(hidden, basis))
     yield "GroupConvLinear cayley", GroupConvLinear(O, 3, 2, impl="cayley")
     yield "GroupConvLinear fourier", GroupConvLinear(O, 3, 2, impl="fourier")
     yield "PlatonicAttention", PlatonicAttention(O, 4, 2)
     yield "PlatonicAttention invariant", PlatonicAttention(O, 4, 2, scores="invariant")
     yield "PlatonicMlp", PlatonicMlp(O, 4, 8)
-    yield "PlatonicBlock", PlatonicBlock(O, 4, 2, init_values=0.5)
+    yield "platonic_block", platonic_block(O, 4, 2, init_values=0.5)
 
 
 LAYERS = dict(_layers())

@@ -481,42 +481,37 @@ def test_fused_qkv_attention_matches_per_head_reference(layout):
     torch.testing.assert_close(attn(x), attn.proj(out), rtol=0, atol=1e-12)
 
 
-def test_cached_weights_follow_parameter_updates():
-    """No-grad forwards reuse the dense weights until a parameter changes (optimizer step, load, dtype)."""
+def test_weights_follow_parameter_updates_and_fuse_freezes_them():
+    """The training form derives its weights afresh on every call: after an optimizer step, an in-place
+    change, load_state_dict or a dtype change it computes what a fresh copy computes. ``eqvit.fuse``
+    freezes them: the fused copy keeps the function it was fused at, and fusing again follows."""
     model = randomise_(tiny("square", "D4", drop_path_rate=0.0, attn_drop_rate=0.0, head_drop_rate=0.0)).double()
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
     model.eval()
-    with torch.no_grad():
-        y0 = model(x)
-        assert attn.fused_weights()[0] is attn.fused_weights()[0]  # cached
-        assert mlp.folded_weights()[0] is mlp.folded_weights()[0]
-    # With gradients recorded nothing is cached and the weights carry the graph.
-    assert attn.fused_weights()[0].requires_grad and attn.fused_weights()[0] is not attn.fused_weights()[0]
 
-    def fresh(m):  # a copy without any cache computes the reference output
+    def fresh(m):
         with torch.no_grad():
             return copy.deepcopy(m)(x)
 
-    # An optimizer step changes the parameters in place: the cached weights are recomputed.
+    with torch.no_grad():
+        y0 = model(x)
+        fused = eqvit.fuse(model)
+        torch.testing.assert_close(fused(x), y0, rtol=1e-12, atol=1e-12)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model(x).square().sum().backward()
     opt.step()
     model.eval()
     with torch.no_grad():
-        cached_before = attn.fused_weights()[0]
         y1 = model(x)
-    assert rel_err(y1, y0) > 1e-6
-    torch.testing.assert_close(y1, fresh(model), rtol=0, atol=0)
-    # ... also without a train()/eval() switch in between (the in-place version counters change).
-    with torch.no_grad():
+        assert rel_err(y1, y0) > 1e-6
+        torch.testing.assert_close(y1, fresh(model), rtol=0, atol=0)
+        torch.testing.assert_close(fused(x), y0, rtol=1e-12, atol=1e-12)  # frozen at fusion time
+        torch.testing.assert_close(eqvit.fuse(model)(x), y1, rtol=1e-12, atol=1e-12)
         for p in model.parameters():
             p.mul_(1.01)
         y2 = model(x)
-        assert attn.fused_weights()[0] is not cached_before
-    torch.testing.assert_close(y2, fresh(model), rtol=0, atol=0)
-    # load_state_dict and dtype changes invalidate too.
+        torch.testing.assert_close(y2, fresh(model), rtol=0, atol=0)
     other = randomise_(tiny("square", "D4"), seed=7).double().eval()
     with torch.no_grad():
         other(x)
@@ -524,11 +519,8 @@ def test_cached_weights_follow_parameter_updates():
         torch.testing.assert_close(other(x), y2, rtol=0, atol=0)
         other.float()
         assert other(x.float()).dtype == torch.float32
-        other.double()  # parameters rounded through float32: compare with a fresh copy
-        torch.testing.assert_close(other(x), fresh(other), rtol=0, atol=0)
+        other.double()
         assert rel_err(other(x), y2) < 1e-5
-    # Restriction reads the current (cached) weights and stays exact.
-    with torch.no_grad():
         restricted = eqvit.restrict(model, "C4")
         assert rel_err(restricted(x), y2) <= TOL
 
@@ -568,71 +560,9 @@ def test_patch_tokens_and_ape_match_references_with_gradients(grid, group):
     ape_params = list(ape.parameters())
     for a, b in zip(_grads(p, ape_params), _grads(p_ref, ape_params)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
-    # Without gradients both are cached; with gradients they carry the graph.
     with torch.no_grad():
-        assert tok.embed.filters() is tok.embed.filters() and ape.embedding() is ape.embedding()
         torch.testing.assert_close(tok(x), torch.cat([tok(x)[:, :1], y_ref], dim=1), rtol=0, atol=1e-10)
     assert tok.embed.filters().requires_grad and ape.embedding().requires_grad
-
-
-def test_tokenizer_and_ape_caches_follow_updates():
-    """The cached filters, class token and APE are recomputed after an optimizer step, an in-place
-    change, load_state_dict, a dtype change and a replaced filter basis."""
-    model = randomise_(tiny("square", "D4", drop_path_rate=0.0, attn_drop_rate=0.0, head_drop_rate=0.0)).double()
-    embed, ape = model.tokenizer.embed, model.posenc
-    model.eval()
-
-    def check(m):  # the cached values equal freshly computed references
-        with torch.no_grad():
-            torch.testing.assert_close(
-                m.tokenizer.embed.filters(), m.tokenizer.embed.filters_reference(), rtol=0, atol=1e-12
-            )
-            torch.testing.assert_close(m.posenc.embedding(), m.posenc.embedding_reference(), rtol=0, atol=0)
-            tok = m.tokenizer
-            cls = torch.zeros(m.embed_dim, dtype=tok.cls_token.dtype)
-            cls[tok.cls_index] = tok.cls_token
-            assert torch.equal(tok.class_token(), cls)
-
-    with torch.no_grad():
-        f0, p0, c0 = embed.filters(), ape.embedding(), model.tokenizer.class_token()
-        assert model.tokenizer.class_token() is c0
-    assert model.tokenizer.class_token().requires_grad
-    check(model)
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    model(x).square().sum().backward()
-    opt.step()
-    model.eval()
-    with torch.no_grad():
-        assert not torch.equal(embed.filters(), f0) and not torch.equal(ape.embedding(), p0)
-        assert not torch.equal(model.tokenizer.class_token(), c0)
-    check(model)
-    with torch.no_grad():  # in place, without a train()/eval() switch
-        f1 = embed.filters()
-        embed.proj.weights[0].mul_(1.5)
-        ape.pos_embed[0].mul_(1.5)
-        model.tokenizer.cls_token.mul_(1.5)
-        assert embed.filters() is not f1
-    check(model)
-    other = randomise_(tiny("square", "D4"), seed=7).double().eval()
-    with torch.no_grad():
-        other(x)
-        other.load_state_dict(model.state_dict())
-        torch.testing.assert_close(other(x), model(x), rtol=0, atol=0)
-    check(other)
-    other.float()
-    with torch.no_grad():
-        assert (
-            other.tokenizer.embed.filters().dtype == torch.float32 and other.posenc.embedding().dtype == torch.float32
-        )
-    other.double()
-    check(other)
-    with torch.no_grad():  # a replaced (here: broken) filter basis is noticed
-        old = model(x)
-        embed.filter_basis = torch.randn_like(embed.filter_basis)
-        assert rel_err(model(x), old) > 1e-3
-    check(model)
 
 
 def test_layer_norm_matches_reference_with_gradients_and_eps():
@@ -695,70 +625,28 @@ def test_reflection_is_identity_when_every_coordinate_is_centred():
 
 
 def _reflected_block_parts(layout: str):
-    from eqvit.nn.irrep_blocks import IrrepBlock
+    from eqvit.nn.irrep_blocks import irrep_block
 
     G = get_group("D4")
     V = FeatureType.regular(G, 3)
     heads = coupled_heads(V, 3) if layout == "coupled" else irrepwise_heads(V, 3)
-    block = randomise_(IrrepBlock(V, heads, FourierActivation.from_spaces(G, [("regular", 2)]))).double()
+    block = randomise_(irrep_block(V, heads, FourierActivation.from_spaces(G, [("regular", 2)]))).double()
     return V, block
 
 
 @pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
-def test_block_layers_on_the_reflected_stream_equal_the_plain_composition(layout):
-    """The layers with their reflected weights read ``normalize_reflected(y)`` and give ``H layer(norm(H y))``,
-    with gradients; the weights follow a changed norm."""
+def test_fused_block_on_the_reflected_stream_is_the_reflected_block(layout):
+    """The inference block reads and writes the stream ``H x``: ``H block(x)``, each norm one layer_norm."""
+    from eqvit.nn.fused import ReflectedIrrepBlock
+
     V, block = _reflected_block_parts(layout)
-    norm = block.norm1
-    y = torch.randn(2, 5, V.dim, dtype=torch.float64, requires_grad=True)
-    reflected = {
-        "attn": lambda: block.attn.attend(norm.normalize_reflected(y), *block.attn.fused_weights_reflected(norm)),
-        "mlp": lambda: block.mlp.forward_with(norm.normalize_reflected(y), *block.mlp.folded_weights_reflected(norm)),
-    }
-    for name, layer in (("attn", block.attn), ("mlp", block.mlp)):
-        out, out_ref = reflected[name](), norm.reflect(layer(norm(norm.reflect(y))))
-        torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-11)
-        params = [y, *layer.parameters(), *norm.parameters()]
-        for a, c in zip(_grads(out, params), _grads(out_ref, params)):
-            torch.testing.assert_close(a, c, rtol=0, atol=1e-10)
-        with torch.no_grad():
-            first = reflected[name]()
-            norm.weight.mul_(1.5)
-            torch.testing.assert_close(
-                reflected[name](), norm.reflect(layer(norm(norm.reflect(y)))), rtol=0, atol=1e-11
-            )
-            assert rel_err(reflected[name](), first) > 1e-3
-
-
-@pytest.mark.parametrize("swap", [None, "mlp"])
-def test_block_on_the_reflected_stream_is_the_reflected_block(swap):
-    V, block = _reflected_block_parts("coupled")
-    if swap == "mlp":  # a swapped-in layer sees and returns irrep-wise tokens
-        block.mlp = Mlp(V.dim, 2 * V.dim).double()
     x = torch.randn(2, 5, V.dim, dtype=torch.float64)
     reflect = block.norm1.reflect
-    torch.testing.assert_close(reflect(block(reflect(x), reflected=True)), block(x), rtol=0, atol=1e-11)
-    with torch.no_grad():  # the block's cached folded weights follow in-place updates of any part
-        for param in (block.norm2.weight, block.attn.proj.weights[0], block.norm1.bias):
-            before = block(reflect(x), reflected=True)
-            param.add_(0.3)
-            after = block(reflect(x), reflected=True)
-            torch.testing.assert_close(reflect(after), block(x), rtol=0, atol=1e-11)
-            assert rel_err(after, before) > 1e-4
-
-
-def test_block_overwrite_adds_into_its_input_only_without_autograd():
-    V, block = _reflected_block_parts("coupled")
-    y = block.norm1.reflect(torch.randn(2, 5, V.dim, dtype=torch.float64))
-    expected = block(y, reflected=True)
-    kept = y.clone()
-    out = block(y, reflected=True, overwrite=True)  # autograd on: the input must stay as it was
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    torch.testing.assert_close(y, kept, rtol=0, atol=0)
     with torch.no_grad():
-        out = block(y, reflected=True, overwrite=True)
-    assert out.data_ptr() == y.data_ptr()
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+        fused = ReflectedIrrepBlock(block, block.norm1.eps)
+        torch.testing.assert_close(reflect(fused(reflect(x))), block(x), rtol=0, atol=1e-11)
+        block.norm2.weight.add_(0.3)  # frozen: the fused block keeps the weights it was built with
+        assert rel_err(reflect(fused(reflect(x))), block(x)) > 1e-4
 
 
 @pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3")])
@@ -776,41 +664,33 @@ def test_irrep_vit_equals_the_plain_composition(grid, group):
 
 
 @pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3"), ("square", "C1")])
-def test_irrep_vit_folds_the_entry_reflection_into_the_embedding(grid, group):
+def test_fuse_folds_the_entry_reflection_into_the_embedding(grid, group):
+    from eqvit.nn.fused import ReflectedPlanarEmbedding
+
     model = randomise_(tiny(grid, group)).double().eval()
     shape = model.domain.shape if grid == "square" else (len(model.domain.points),)
     x = torch.randn(2, 3, *shape, dtype=torch.float64)
-    reference = model.norm.reflect(model.embed_tokens(x))
-    stream = model.embed_stream(x)  # autograd on: the concatenating path
-    torch.testing.assert_close(stream, reference, rtol=0, atol=1e-12)
-    params = [*model.tokenizer.parameters(), *model.posenc.parameters()]
-    for a, c in zip(_grads(stream, params), _grads(reference, params)):
-        torch.testing.assert_close(a, c, rtol=0, atol=1e-11)
-    with torch.no_grad():  # cached reflected weights, written straight into the stream
-        torch.testing.assert_close(model.embed_stream(x), reference, rtol=0, atol=1e-12)
-        model.tokenizer.cls_token.add_(0.5)  # the cache follows in-place updates
-        model.posenc.pos_embed[0].mul_(2.0)
-        torch.testing.assert_close(model.embed_stream(x), model.norm.reflect(model.embed_tokens(x)), rtol=0, atol=1e-12)
-    model.pos_drop.p = 0.5  # token dropout does not commute with H: the reflection is applied after it
-    model.train()
-    torch.manual_seed(0)
-    dropped = model.embed_stream(x)
-    torch.manual_seed(0)
-    torch.testing.assert_close(dropped, model.norm.reflect(model.embed_tokens(x)), rtol=0, atol=1e-12)
+    with torch.no_grad():
+        embedding = ReflectedPlanarEmbedding(model.tokenizer, model.posenc, model.norm)
+        torch.testing.assert_close(embedding(x), model.norm.reflect(model.embed_tokens(x)), rtol=0, atol=1e-12)
+        fused = eqvit.fuse(model)
+        assert isinstance(fused.tokenizer, ReflectedPlanarEmbedding) and not list(fused.parameters())
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-12, atol=1e-12)
 
 
-def test_irrep_vit_rejects_norms_with_another_centre():
-    from eqvit.models.vit import IrrepViT
+def test_fuse_keeps_the_plain_stream_when_a_norm_has_another_centre():
+    """The reflected stream needs one centre for every norm; otherwise fuse folds layer by layer."""
+    from eqvit.nn.fused import FrozenIrrepLayerNorm, ReflectedIrrepBlock
 
-    model = tiny("square", "D4")
+    model = randomise_(tiny("square", "D4")).double().eval()
     V = model.feature_type
-    blocks = list(model.blocks)
-    blocks[1].norm2 = IrrepLayerNorm(V, center=V.trivial_index[:2])
-    with pytest.raises(ValueError, match="block 1 centres a norm on other coordinates"):
-        IrrepViT(
-            tokenizer=model.tokenizer, head=model.head, embed_dim=V.dim, depth=len(blocks), num_heads=3,
-            posenc=model.posenc, block_fn=lambda i, rate: blocks[i], norm_layer=model.norm, num_prefix_tokens=1,
-        )  # fmt: skip
+    model.blocks[1].norm2 = randomise_(IrrepLayerNorm(V, center=V.trivial_index[:2])).double()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    fused = eqvit.fuse(model)
+    assert not any(isinstance(m, ReflectedIrrepBlock) for m in fused.modules())
+    assert isinstance(fused.blocks[1].norm2, FrozenIrrepLayerNorm)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("grouping", ["default", "restricted"])
@@ -823,8 +703,6 @@ def test_invariant_head_folded_inference_equals_invariants_then_classifier(group
     head = randomise_(InvariantHead(V, 7, drop=0.1, **kw)).double().eval()
     tokens = torch.randn(3, 4, V.dim, dtype=torch.float64)
     with torch.no_grad():
-        fast = head(tokens)
+        fast = eqvit.fuse(head)(tokens)
         torch.testing.assert_close(fast, head.fc(head.invariants(tokens[:, 0])), rtol=0, atol=1e-12)
-        head.fc.weight.add_(0.1)  # the folded classifier follows the parameters
-        torch.testing.assert_close(head(tokens), head.fc(head.invariants(tokens[:, 0])), rtol=0, atol=1e-12)
-    assert rel_err(head(tokens), fast) > 1e-4  # with autograd: the plain path, the same function
+        torch.testing.assert_close(head(tokens), fast, rtol=0, atol=1e-12)

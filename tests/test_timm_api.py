@@ -180,14 +180,14 @@ def test_model_forward_intermediates(name):
 @pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_intermediates_are_the_block_outputs(name):
     """Against the plain composition: tokens -> block(tokens) -> ..., each block on irrep-wise (or regular)
-    tokens (IrrepViT's forward keeps the reflected stream ``H x``; its intermediates must be ``x``)."""
+    tokens."""
     model = randomise_(build(name)).double().eval()
     x = cfg_input(model, dtype=torch.float64)
     p = model.num_prefix_tokens
     with torch.no_grad():
         tokens, reference = model.embed_tokens(x), []
         for block in model.blocks:
-            tokens = block(tokens, model.rope, p)
+            tokens = block(tokens, model.posenc.rope_for(x), p)
             reference.append(tokens)
         nlc = model.forward_intermediates(x, output_fmt="NLC", intermediates_only=True)
         nchw = model.forward_intermediates(x, intermediates_only=True)
@@ -225,8 +225,7 @@ def test_prune_intermediate_layers(name):
     assert model.prune_intermediate_layers([0], prune_norm=True) == [0]
     assert len(model.blocks) == 1 and len(model.feature_info) == 1
     assert isinstance(model.head, nn.Identity)
-    # The Platonic final norm goes; IrrepViT keeps it (it holds the stream's reflection H).
-    assert isinstance(model.norm, nn.Identity) != name.startswith("o2vit_")
+    assert isinstance(model.norm, nn.Identity)
     with torch.no_grad():
         (pruned,) = model.forward_intermediates(x, indices=[0], intermediates_only=True)
     assert torch.equal(pruned, full[0])

@@ -122,6 +122,11 @@ class FiniteGroup:
     def __len__(self) -> int:
         return self.order
 
+    def __deepcopy__(self, memo: dict) -> FiniteGroup:
+        # A group is an immutable value (and cached): copies of a model share it, so feature types
+        # and ``model.group`` keep comparing by identity.
+        return self
+
     def __repr__(self) -> str:
         return f"FiniteGroup({self.name!r}, order={self.order}, d={self.dim})"
 

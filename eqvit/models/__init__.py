@@ -7,6 +7,6 @@ from eqvit.models import (
     so3vit,  # noqa: F401  (registers the SO3ViT family)
 )
 from eqvit.models._registry import create_model, is_model, list_models, register_model
-from eqvit.models.vit import EquivariantViT, IrrepViT
+from eqvit.models.vit import EquivariantViT
 
-__all__ = ["EquivariantViT", "IrrepViT", "create_model", "is_model", "list_models", "register_model"]
+__all__ = ["EquivariantViT", "create_model", "is_model", "list_models", "register_model"]

@@ -20,11 +20,12 @@ from eqvit.groups import FiniteGroup, get_group
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
-from eqvit.models.vit import EquivariantViT, IrrepViT
+from eqvit.models.vit import EquivariantViT
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import head_layout
-from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
+from eqvit.nn.irrep_blocks import InvariantHead, irrep_block
 from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.layers import Block
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.invariant import InvariantAPE
 from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer
@@ -136,12 +137,12 @@ def build_o2vit(
     head = InvariantHead(ftype, num_classes, head_drop_rate)
     posenc = InvariantAPE(G, tokenizer.centers, ftype)
 
-    def block_fn(index: int, rate: float) -> IrrepBlock:
-        return IrrepBlock(
+    def block_fn(index: int, rate: float) -> Block:
+        return irrep_block(
             ftype, heads, FourierActivation(act_type, act_basis), rate, attn_drop_rate, qkv_bias, fused_attn
         )
 
-    model = IrrepViT(
+    model = EquivariantViT(
         tokenizer=tokenizer,
         head=head,
         embed_dim=ftype.dim,

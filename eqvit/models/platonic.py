@@ -1,6 +1,6 @@
 """Platonic Transformers: the common ViT on regular features over a group of frames (Platonic seed).
 
-Three input families, one block (:class:`~eqvit.nn.platonic.PlatonicBlock`) and one positional
+Three input families, one block (:class:`~eqvit.nn.platonic.platonic_block`) and one positional
 scheme (:class:`~eqvit.nn.posenc.frame_rope.FrameRoPE`):
 
 - ``platonic_points_*``: point clouds ``model(pos [B, N, 3], feat [B, N, C])``, frames T, O, I or
@@ -30,13 +30,19 @@ from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
-from eqvit.models.vit import EquivariantViT, PointCloudViT
+from eqvit.models.vit import EquivariantViT
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.platonic import FramePoolDense, InvariantPoolHead, PlatonicBlock
+from eqvit.nn.layers import Block
+from eqvit.nn.platonic import FramePoolDense, InvariantPoolHead, platonic_block
 from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding
 from eqvit.nn.regular import RegularLayerNorm
 from eqvit.nn.tokenizers.icosphere import IcosphereUnpatchify
-from eqvit.nn.tokenizers.platonic import LiftedIcosphereEmbed, LiftedPointEmbed, LiftedSquarePatchEmbed
+from eqvit.nn.tokenizers.platonic import (
+    CentredPoints,
+    LiftedIcosphereEmbed,
+    LiftedPointEmbed,
+    LiftedSquarePatchEmbed,
+)
 from eqvit.nn.tokenizers.square import square_patch_layout
 
 SPATIAL_FRAMES = ("trivial", "T", "O", "I")
@@ -125,8 +131,8 @@ def _channels(group: FiniteGroup, embed_dim: int, num_heads: int) -> int:
 
 
 def _blocks(group: FiniteGroup, channels: int, num_heads: int, options: dict[str, Any]):
-    def block_fn(index: int, rate: float) -> PlatonicBlock:
-        return PlatonicBlock(group, channels, num_heads, drop_path=rate, **options)
+    def block_fn(index: int, rate: float) -> Block:
+        return platonic_block(group, channels, num_heads, drop_path=rate, **options)
 
     return block_fn
 
@@ -227,8 +233,9 @@ def build_platonic(
     if kind == "points":
         rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
         head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "mean")
-        model = PointCloudViT(
+        model = EquivariantViT(
             tokenizer=LiftedPointEmbed(frames, in_chans, channels),
+            input_encoding=CentredPoints(),
             head=head,
             posenc=FrameRoPE(frames, heads, channels // heads, **rope_args),
             domain=PointCloudDomain(3, num_points),

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from eqvit.groups import FiniteGroup, Representation
-from eqvit.models.vit import EquivariantViT, IrrepViT
+from eqvit.models.vit import EquivariantViT
 from eqvit.nn.activation import FourierActivation
-from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
+from eqvit.nn.irrep_blocks import InvariantHead, irrep_block
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import DropPath
 from eqvit.nn.linear import IrrepLinear
@@ -219,7 +219,7 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
             new_act = FourierActivation(Wh, _f64(act._exact_masters["basis"]) @ Rh.T, act=blk.mlp.act.act)
             heads = [_support(R, h) for h in blk.attn.heads]
             rate = blk.drop_path1.p if isinstance(blk.drop_path1, DropPath) else 0.0
-            new = IrrepBlock(
+            new = irrep_block(
                 W, heads, new_act, rate, blk.attn.attn_drop, blk.attn.q.bias is not None, blk.attn.fused
             ).double()
             new.norm1 = _restrict_norm(blk.norm1, V, W, R)
@@ -236,7 +236,7 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
         new_head = InvariantHead(
             W, head.fc.out_features, head.drop.p, trivial=trivial_w, groups=[_support(R, g) for g in head.groups]
         )
-        new_model = IrrepViT(
+        new_model = EquivariantViT(
             tokenizer=new_tok,
             head=new_head,
             embed_dim=W.dim,

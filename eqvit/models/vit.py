@@ -6,7 +6,7 @@ family modules only register configurations.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,21 +17,18 @@ from torch.utils.checkpoint import checkpoint
 from eqvit.geometry.domain import PointDomain, parameter_dtype
 from eqvit.groups import FiniteGroup
 from eqvit.groups.base import match_matrices
-from eqvit.nn.buffers import DerivedCache
-from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock
-from eqvit.nn.layers import Block
-from eqvit.nn.norm import IrrepLayerNorm
+from eqvit.nn.layers import vit_block
 from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
-from eqvit.nn.posenc.invariant import InvariantAPE
-from eqvit.nn.tokenizers.planar import PlanarTokenizer
 
 
-def _init_weights(module: nn.Module) -> None:
-    """timm's ViT init: truncated normal (std 0.02) linear weights, zero biases."""
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
+def _as_inputs(encoded: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """An input encoding's result as the tuple of model inputs (one tensor, or ``(pos, feat)``)."""
+    return encoded if isinstance(encoded, tuple) else (encoded,)
+
+
+def _packed(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The form ``domain.check`` and ``domain.act`` take: the tensor, or the tuple of several inputs."""
+    return inputs[0] if len(inputs) == 1 else inputs
 
 
 def _call_block(block: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -68,12 +65,19 @@ def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> tuple[
 class EquivariantViT(nn.Module):
     """A timm-style ViT whose parts decide which group it is equivariant to.
 
+    One forward for every family: the model is called on its inputs (``model(x)`` for images and
+    the sphere, ``model(pos, feat)`` for point clouds); ``input_encoding`` maps them (latitude
+    encoding, centring of the positions), the tokenizer takes them all, and the positional scheme
+    gives the rotary embedding for them (``posenc.rope_for(*inputs)``: fixed for a grid, bound to
+    the positions of each batch for point clouds).
+
     Args:
-        tokenizer: ``x -> tokens [B, N, embed_dim]``.
+        tokenizer: ``(*inputs) -> tokens [B, N, embed_dim]``.
         head: ``tokens [B, N, embed_dim] -> output``.
         embed_dim, depth, num_heads, mlp_ratio, qkv_bias, qk_norm: the usual ViT sizes.
         posenc: positional scheme; rotary schemes go into attention, others add to tokens.
-        input_encoding: applied to the raw input before tokenization (e.g. latitude encoding).
+        input_encoding: applied to the raw inputs before tokenization (e.g. latitude encoding, or
+            centring point positions); it returns the inputs (a tensor or a tuple).
         residual: predict ``x + model(x)`` (needs in_chans == out_chans and a dense head).
         group: the group the model is exactly equivariant to (for ``assert_equivariant``).
         domain: the input domain (``.points``, ``.shape``, ``.act``, ``.check``).
@@ -81,8 +85,9 @@ class EquivariantViT(nn.Module):
         output_action: ``"same"`` (dense outputs on the input domain) or ``"invariant"``.
         fused_attn: SDPA (True) or the reference attention path (False) in the default blocks.
         block_fn: ``block_fn(index, drop_path) -> block`` for families whose blocks act on
-            irrep or regular features; blocks are called as ``block(tokens, rope, num_prefix_tokens)``.
-            Defaults to the plain :class:`~eqvit.nn.layers.Block`.
+            irrep or regular features (:func:`~eqvit.nn.irrep_blocks.irrep_block`,
+            :func:`~eqvit.nn.platonic.platonic_block`); blocks are called as
+            ``block(tokens, rope, num_prefix_tokens)``. Defaults to :func:`~eqvit.nn.layers.vit_block`.
         norm_layer: the final norm (default ``nn.LayerNorm(embed_dim)``).
         num_prefix_tokens: tokens the tokenizer prepends (class tokens), skipped by positional schemes.
         config: the keyword arguments the model was built with (saved in checkpoints).
@@ -142,15 +147,13 @@ class EquivariantViT(nn.Module):
         self.input_encoding = input_encoding if input_encoding is not None else nn.Identity()
         self.tokenizer = tokenizer
         self.posenc = posenc if posenc is not None else NoPositionalEncoding()
-        # Rotary schemes are handed to attention; decided once here, not in forward.
-        self.rope = self.posenc if self.posenc.is_rotary else None
         self.pos_drop = nn.Dropout(drop_rate)
         self.num_prefix_tokens = num_prefix_tokens
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
         if block_fn is None:
 
             def block_fn(index: int, rate: float) -> nn.Module:
-                return Block(
+                return vit_block(
                     embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, drop_rate, attn_drop_rate, rate, fused_attn
                 )
 
@@ -164,7 +167,6 @@ class EquivariantViT(nn.Module):
             ]
         self.grad_checkpointing = False
         self._block_runner = _call_block  # set_grad_checkpointing swaps it: no flag in forward
-        self.apply(_init_weights)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -230,9 +232,9 @@ class EquivariantViT(nn.Module):
 
     # ---------------------------------------------------------------- forward
 
-    def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """Input -> tokens ``[B, N, embed_dim]`` with the additive positional encoding, before the blocks."""
-        tokens = self.tokenizer(self.input_encoding(x))
+    def embed_tokens(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Encoded inputs -> tokens ``[B, N, embed_dim]`` with the additive positional encoding, before the blocks."""
+        tokens = self.tokenizer(*inputs)
         p = self.num_prefix_tokens
         tokens = (
             torch.cat([tokens[:, :p], self.posenc.add_to_tokens(tokens[:, p:])], dim=1)
@@ -241,24 +243,22 @@ class EquivariantViT(nn.Module):
         )
         return self.pos_drop(tokens)
 
-    def embed_stream(self, x: torch.Tensor) -> torch.Tensor:
-        """Input -> the residual stream entering the blocks ``[B, N, embed_dim]`` (here the tokens)."""
-        return self.embed_tokens(x)
+    def run_block(self, block: nn.Module, tokens: torch.Tensor, rope: PositionalScheme | None) -> torch.Tensor:
+        """One block on the tokens ``[B, N, embed_dim]`` (checkpointed when enabled)."""
+        return self._block_runner(block, tokens, rope, self.num_prefix_tokens)
 
-    def run_block(self, block: nn.Module, stream: torch.Tensor) -> torch.Tensor:
-        """One block on the residual stream ``[B, N, embed_dim]`` (checkpointed when enabled)."""
-        return self._block_runner(block, stream, self.rope, self.num_prefix_tokens)
+    def forward_blocks(self, *inputs: torch.Tensor, last: int | None = None) -> Iterator[torch.Tensor]:
+        """The tokens after each block ``[B, N, embed_dim]`` (up to block ``last``), from the raw inputs."""
+        inputs = _as_inputs(self.input_encoding(*inputs))
+        tokens, rope = self.embed_tokens(*inputs), self.posenc.rope_for(*inputs)
+        for block in self.blocks if last is None else self.blocks[: last + 1]:
+            tokens = self.run_block(block, tokens, rope)
+            yield tokens
 
-    def stream_tokens(self, stream: torch.Tensor) -> torch.Tensor:
-        """The residual stream -> the tokens it stands for, ``[B, N, embed_dim]`` (here the same tensor)."""
-        return stream
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Input -> normalised tokens ``[B, N, embed_dim]``."""
-        stream = self.embed_stream(x)
-        for block in self.blocks:
-            stream = self.run_block(block, stream)
-        return self.norm(self.stream_tokens(stream))
+    def forward_features(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Inputs -> normalised tokens ``[B, N, embed_dim]``."""
+        *_, tokens = self.forward_blocks(*inputs)
+        return self.norm(tokens)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Normalised tokens ``[B, N, embed_dim]`` -> the head's output; with ``pre_logits`` the pooled
@@ -311,12 +311,9 @@ class EquivariantViT(nn.Module):
         taken, last = take_indices(len(self.blocks), indices)
         if self.domain is not None:
             self.domain.check(x, self.in_chans, parameter_dtype(self))
-        stream = self.embed_stream(x)
         intermediates = []
-        for i, block in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
-            stream = self.run_block(block, stream)
+        for i, tokens in enumerate(self.forward_blocks(x, last=last if stop_early else None)):
             if i in taken:
-                tokens = self.stream_tokens(stream)
                 intermediates.append(self.norm(tokens) if norm else tokens)
         p = self.num_prefix_tokens
         maps = [y[:, p:] for y in intermediates]
@@ -326,7 +323,7 @@ class EquivariantViT(nn.Module):
             maps = [(m, y[:, :p]) for m, y in zip(maps, intermediates)]
         if intermediates_only:
             return maps
-        return self.norm(self.stream_tokens(stream)), maps
+        return self.norm(tokens), maps
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
@@ -358,140 +355,9 @@ class EquivariantViT(nn.Module):
         channels_last = fmap.movedim(axis, -1)
         return grid.act(matrix, self.token_type.act(g, channels_last).movedim(-1, axis))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """``model(x)`` (images, the sphere) or ``model(pos, feat)`` (point clouds) -> the head's output."""
         if self.domain is not None:
-            self.domain.check(x, self.in_chans, parameter_dtype(self))
-        out = self.forward_head(self.forward_features(x))
-        return out + x if self.residual else out
-
-
-class IrrepViT(EquivariantViT, DerivedCache):
-    """:class:`EquivariantViT` on irrep-wise tokens (the O(2)-subgroup ViTs) with a reflected residual stream.
-
-    The stream between the blocks is kept as ``H x``, ``H`` the Householder reflection of the norms
-    (:mod:`eqvit.nn.norm`), so each block norm is one ``F.layer_norm`` like timm's; tokens enter it
-    after the positional encoding and leave it before the final norm, so :meth:`forward_features`
-    returns irrep-wise normalised tokens ``[B, N, dim]``. With a planar tokenizer and an invariant
-    APE, ``H`` is folded into the patch filters, the encoding and the class token
-    (:meth:`reflected_embedding`); without autograd the blocks add their residuals into the stream
-    in place. With an :class:`InvariantHead` (it reads
-    the class token), :meth:`forward` normalises the class token only. Takes the arguments of
-    :class:`EquivariantViT`; every block must be an :class:`IrrepBlock` whose norms share the final
-    norm's centre.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not isinstance(self.norm, IrrepLayerNorm):
-            raise ValueError(f"IrrepViT needs an IrrepLayerNorm as the final norm, got {type(self.norm).__name__}")
-        reflection = self.norm._exact_masters["reflect_row"]
-        for i, block in enumerate(self.blocks):
-            if not isinstance(block, IrrepBlock):
-                raise ValueError(f"IrrepViT needs IrrepBlocks, block {i} is a {type(block).__name__}")
-            for norm in (block.norm1, block.norm2):
-                if not torch.equal(norm._exact_masters["reflect_row"], reflection):
-                    raise ValueError(f"block {i} centres a norm on other coordinates than the final norm")
-
-    def _folds_embedding(self) -> bool:
-        """Whether the entry reflection can be folded into the embedding: a planar tokenizer, an invariant
-        APE and no active token dropout (dropout does not commute with ``H``)."""
-        return (
-            isinstance(self.tokenizer, PlanarTokenizer)
-            and isinstance(self.posenc, InvariantAPE)
-            and not (self.training and self.pos_drop.p > 0)
-        )
-
-    def reflected_embedding(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-        """``(H F [dim, in_chans * K], H b, P H [M, dim], H cls [dim] or None)``: the patch filters, bias,
-        APE and class token of a planar tokenizer with an invariant APE, reflected into the stream's
-        basis (cached while no gradient is recorded)."""
-        tokenizer, posenc, norm = self.tokenizer, self.posenc, self.norm
-        embed, cls = tokenizer.embed, tokenizer.cls_token
-
-        def compute():
-            filters, bias = embed.dense()
-            pos = posenc.embedding()
-            return (
-                norm.reflect(filters.T).T.contiguous(),  # H is symmetric: H F = (F^T H)^T
-                None if bias is None else norm.reflect(bias),
-                norm.reflect(pos),
-                None if cls is None else norm.reflect(tokenizer.class_token()),
-            )
-
-        sources = [*embed.proj.leaves(), embed._buffers["filter_basis"], cls, *posenc.parameters()]
-        sources += [*norm._buffers.values(), *posenc._buffers.values()]
-        return self.derived("reflected_embedding", sources, compute)
-
-    def embed_stream(self, x: torch.Tensor) -> torch.Tensor:
-        """Input -> the residual stream entering the blocks, ``H embed_tokens(x)`` ``[B, N, dim]``, a fresh
-        tensor. With a planar tokenizer and an invariant APE, ``H`` is folded into their weights."""
-        if not self._folds_embedding():
-            return self.norm.reflect(self.embed_tokens(x))
-        filters, bias, pos, cls = self.reflected_embedding()
-        patches = self.tokenizer.patch_tokens_with(self.input_encoding(x), filters, bias)  # [B, M, dim]
-        if cls is None:
-            return self.pos_drop(patches + pos)
-        B, M, dim = patches.shape
-        if torch.is_grad_enabled():
-            return self.pos_drop(torch.cat([cls.expand(B, 1, dim), patches + pos], dim=1))
-        stream = patches.new_empty(B, 1 + M, dim)  # without autograd: add straight into the stream
-        stream[:, 0] = cls
-        torch.add(patches, pos, out=stream[:, 1:])
-        return self.pos_drop(stream)
-
-    def run_block(self, block: nn.Module, stream: torch.Tensor) -> torch.Tensor:
-        """One block on the reflected stream ``H x``; without autograd it adds into ``stream`` in place."""
-        return self._block_runner(block, stream, self.rope, self.num_prefix_tokens, reflected=True, overwrite=True)
-
-    def stream_tokens(self, stream: torch.Tensor) -> torch.Tensor:
-        """``H x -> x``: irrep-wise tokens (a fresh tensor; ``H`` is an involution)."""
-        return self.norm.reflect(stream)
-
-    def forward_stream(self, x: torch.Tensor) -> torch.Tensor:
-        """Input -> the residual stream after the blocks, ``H x`` ``[B, N, dim]`` (not normalised)."""
-        stream = self.embed_stream(x)  # a fresh tensor: the blocks may add into it
-        for block in self.blocks:
-            stream = self.run_block(block, stream)
-        return stream
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Input -> irrep-wise normalised tokens ``[B, N, dim]``."""
-        return self.norm(self.norm.reflect(self.forward_stream(x)))
-
-    def prune_intermediate_layers(
-        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """As :meth:`EquivariantViT.prune_intermediate_layers`, but the final norm is kept whatever
-        ``prune_norm`` says: it also holds the reflection ``H`` of the residual stream."""
-        return super().prune_intermediate_layers(indices, prune_norm=False, prune_head=prune_head)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.domain is not None:
-            self.domain.check(x, self.in_chans, parameter_dtype(self))
-        stream = self.forward_stream(x)
-        if isinstance(self.head, InvariantHead) and self.num_prefix_tokens:
-            stream = stream[:, :1]  # the head reads only the class token: normalise only that
-        out = self.forward_head(self.norm(self.norm.reflect(stream)))
-        return out + x if self.residual else out
-
-
-class PointCloudViT(EquivariantViT):
-    """The common ViT on point clouds: ``model(pos [B, N, d], feat [B, N, C])``.
-
-    Tokens are the points. Positions change per sample, so the rotary scheme is bound to each
-    batch (``posenc.bind(pos)``); positions are centred first, which makes the model exactly
-    translation invariant. There are no prefix tokens and no token order.
-    """
-
-    def forward_features(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        """``(pos [B, N, d], feat [B, N, C]) ->`` normalised tokens ``[B, N, embed_dim]``."""
-        centred = pos - pos.mean(dim=1, keepdim=True)
-        tokens = self.pos_drop(self.tokenizer(centred, feat))
-        rope = self.posenc.bind(centred) if self.posenc.is_rotary else None
-        for block in self.blocks:
-            tokens = self._block_runner(block, tokens, rope, 0)
-        return self.norm(tokens)
-
-    def forward(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        self.domain.check((pos, feat), self.in_chans, parameter_dtype(self))
-        return self.forward_head(self.forward_features(pos, feat))
+            self.domain.check(_packed(inputs), self.in_chans, parameter_dtype(self))
+        out = self.forward_head(self.forward_features(*inputs))
+        return out + inputs[0] if self.residual else out

@@ -3,9 +3,9 @@
 from eqvit.nn.activation import FourierActivation
 from eqvit.nn.attention import Attention
 from eqvit.nn.irrep_attention import IrrepAttention
-from eqvit.nn.irrep_blocks import InvariantHead, IrrepBlock, IrrepMlp
+from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp, irrep_block
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import Block, DropPath, Mlp
+from eqvit.nn.layers import Block, DropPath, FeatureGather, Mlp, vit_block
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.platonic import (
@@ -13,8 +13,8 @@ from eqvit.nn.platonic import (
     FramePoolDense,
     InvariantPoolHead,
     PlatonicAttention,
-    PlatonicBlock,
     PlatonicMlp,
+    platonic_block,
 )
 from eqvit.nn.posenc import (
     FrameRoPE,
@@ -30,6 +30,7 @@ __all__ = [
     "Attention",
     "Block",
     "DropPath",
+    "FeatureGather",
     "FeatureType",
     "FourierActivation",
     "FramePool",
@@ -39,7 +40,6 @@ __all__ = [
     "InvariantHead",
     "InvariantPoolHead",
     "IrrepAttention",
-    "IrrepBlock",
     "IrrepLayerNorm",
     "IrrepLinear",
     "IrrepMlp",
@@ -49,11 +49,13 @@ __all__ = [
     "Mlp",
     "NoPositionalEncoding",
     "PlatonicAttention",
-    "PlatonicBlock",
     "PlatonicMlp",
     "PositionalScheme",
     "RegularLayerNorm",
     "RegularLayerScale",
     "SO3RoPE",
     "frame_action",
+    "irrep_block",
+    "platonic_block",
+    "vit_block",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eqvit.nn.init import vit_linear
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
@@ -41,10 +42,10 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.sdpa = ScaledDotProductAttention(attn_drop, fused)
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = vit_linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.proj = nn.Linear(dim, dim)
+        self.proj = vit_linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
     @property

@@ -1,9 +1,10 @@
-"""Derived tensors: geometry buffers kept exact under dtype changes, parameter-derived caches."""
+"""Geometry buffers kept exact under dtype changes (float64 masters).
+
+Nothing here caches tensors derived from parameters: the training forward derives them on every
+call, and :func:`eqvit.fuse` computes them once for inference.
+"""
 
 from __future__ import annotations
-
-import operator
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -53,67 +54,3 @@ class ExactBuffers(nn.Module):
         finally:
             object.__setattr__(self, "_in_apply", False)
         return self
-
-
-_VERSION = operator.attrgetter("_version")
-_DATA_PTR = torch.Tensor.data_ptr
-_REQUIRES_GRAD = operator.attrgetter("requires_grad")
-
-
-def _mode(device_type: str) -> tuple:
-    """What a derived value depends on besides its sources: inference mode and the autocast state
-    (enabled and its dtype) of the sources' device type."""
-    if torch.is_autocast_enabled(device_type):
-        return (torch.is_inference_mode_enabled(), torch.get_autocast_dtype(device_type))
-    return (torch.is_inference_mode_enabled(), None)
-
-
-class DerivedCache(nn.Module):
-    """Caches tensors derived from parameters (dense weights) while no gradient is recorded.
-
-    ``derived(name, sources, compute)`` recomputes whenever autograd could need the graph (grad
-    mode on and a source requires grad). Otherwise the value is reused while every source tensor is
-    the same storage at the same in-place version (``_version`` counts ``optimizer.step()``,
-    ``copy_``, ``load_state_dict``, ...) in the same inference mode and the same autocast state of
-    the sources' device (enabled, dtype), so a value computed under ``torch.autocast`` (in bf16) is
-    never handed to an fp32 forward, nor the other way round; the sources are read afresh on
-    every call (a replaced parameter is noticed) and kept alive with the entry (their addresses are
-    not reused). Composite modules pass their children's parameters (:meth:`IrrepLinear.leaves`).
-    ``train()``/``eval()`` and ``.to()``/``.double()`` clear the cache.
-    """
-
-    def derived(self, name: str, sources: list[torch.Tensor | None], compute: Callable[[], object]) -> object:
-        sources = [t for t in sources if t is not None]
-        if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, sources)):
-            return compute()
-        cache = self.__dict__.get("_derived_cache")
-        if cache is None:
-            cache = self.__dict__["_derived_cache"] = {}
-        try:
-            versions = list(map(_VERSION, sources))
-        except RuntimeError:  # inference tensors (made under inference_mode) track no version: never cache
-            return compute()
-        mode = _mode(sources[0].device.type if sources else "cpu")
-        hit = cache.get(name)
-        # Checked cheapest first; this runs for every cached weight on every forward.
-        if hit is not None and hit[1] == versions and hit[0] == mode and hit[2] == list(map(_DATA_PTR, sources)):
-            return hit[3]
-        value = compute()
-        cache[name] = (mode, versions, list(map(_DATA_PTR, sources)), value, sources)
-        return value
-
-    def clear_derived_cache(self) -> None:
-        self.__dict__.pop("_derived_cache", None)
-
-    def train(self, mode: bool = True):
-        self.clear_derived_cache()
-        return super().train(mode)
-
-    def _apply(self, fn, recurse: bool = True):
-        self.clear_derived_cache()
-        return super()._apply(fn, recurse)
-
-    def __getstate__(self):
-        state = dict(super().__getstate__())  # deepcopy / pickle: the cache is not copied
-        state.pop("_derived_cache", None)
-        return state

@@ -13,7 +13,7 @@ head layout is a list of coordinate index arrays. Two layouts of the seed:
 Heads of equal size go through one ``F.scaled_dot_product_attention`` call (one call for coupled,
 one per head size for irrep-wise); q/k/v and the output projection are :class:`IrrepLinear`,
 applied as one fused ``[3 dim, dim]`` qkv matrix (like timm) and one projection, with the head order
-folded into their rows/columns; these dense matrices are cached while no gradient is recorded.
+folded into their rows/columns; these dense matrices are built on every call (eqvit.fuse fixes them).
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from eqvit.nn.buffers import DerivedCache
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
-from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 ATTENTION_LAYOUTS = ("coupled", "irrepwise")
@@ -85,7 +84,7 @@ def check_heads(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
             raise ValueError("every head must hold whole irrep copies (a G-stable subspace)")
 
 
-class IrrepAttention(DerivedCache):
+class IrrepAttention(nn.Module):
     """Equivariant self-attention ``[B, N, V.dim] -> [B, N, V.dim]``.
 
     Args:
@@ -154,18 +153,7 @@ class IrrepAttention(DerivedCache):
                 bias = bias[:, perm].reshape(3 * dim)
             return qkv, bias, dense[3][0][:, perm], dense[3][1]
 
-        return self.derived("fused", [t for lin in lins for t in lin.leaves()], compute)
-
-    def fused_weights_reflected(
-        self, norm: IrrepLayerNorm
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """:meth:`fused_weights` for a residual stream in ``norm``'s reflected basis: the norm's
-        reflection and affine folded into qkv (:meth:`IrrepLayerNorm.fold`), the reflection into the
-        projection (:meth:`IrrepLayerNorm.fold_output`). Not cached here: :class:`IrrepBlock` caches
-        it with the MLP's behind one check. ``attend(norm.normalize_reflected(H x), *these)`` is
-        ``H attn(norm(x))``."""
-        qkv_w, qkv_b, proj_w, proj_b = self.fused_weights()
-        return (*norm.fold(qkv_w, qkv_b), *norm.fold_output(proj_w, proj_b))
+        return compute()
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]``."""

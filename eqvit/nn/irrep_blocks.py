@@ -10,21 +10,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.nn.activation import FourierActivation
-from eqvit.nn.buffers import DerivedCache, ExactBuffers
+from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import DropPath, check_num_classes
+from eqvit.nn.layers import Block, check_num_classes
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 
 
-class IrrepMlp(DerivedCache):
+class IrrepMlp(nn.Module):
     """``l2 o FT sigma FT^-1 o l1`` with hidden features ``C(X, R)`` (Sec. 4.3.2).
 
     The forward pass folds the Fourier transforms into the linear maps
     (:meth:`FourierActivation.fold`): ``W1' = FT^-1 W1``, ``W2' = W2 FT``, so it is exactly a dense
-    MLP of hidden width |X| with the pointwise ``sigma`` (the shape of a timm ``Mlp``). The folded
-    weights are cached while no gradient is recorded.
+    MLP of hidden width |X| with the pointwise ``sigma`` (the shape of a timm ``Mlp``); the folded
+    weights are recomputed on every call (``eqvit.fuse`` freezes them for inference).
     """
 
     def __init__(self, ftype: FeatureType, activation: FourierActivation) -> None:
@@ -43,15 +44,7 @@ class IrrepMlp(DerivedCache):
             (w1, b1), (w2, b2) = fc1.dense(), fc2.dense()
             return (*self.act.fold(w1, b1, w2), b2)
 
-        return self.derived("folded", fc1.leaves() + fc2.leaves(), compute)
-
-    def folded_weights_reflected(
-        self, norm: IrrepLayerNorm
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """:meth:`folded_weights` for a residual stream in ``norm``'s reflected basis (read by ``W1'``,
-        written by ``W2'``); not cached here, see :meth:`IrrepAttention.fused_weights_reflected`."""
-        w1, b1, w2, b2 = self.folded_weights()
-        return (*norm.fold(w1, b1), *norm.fold_output(w2, b2))
+        return compute()
 
     def forward_with(
         self, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None
@@ -67,13 +60,18 @@ class IrrepMlp(DerivedCache):
         return self.fc2(self.act.forward_dense(self.fc1(x)))
 
 
-class IrrepBlock(DerivedCache):
-    """Pre-norm block ``x + attn(norm(x))``, ``x + mlp(norm(x))``; every part G-equivariant.
-
-    ``block(x, reflected=True)`` takes and returns the residual stream in the norms' reflected basis
-    ``H x`` (all norms of a model share it, :class:`~eqvit.models.vit.IrrepViT`): each norm is then
-    one ``F.layer_norm`` read by its layer through folded weights, as cheap as timm's. A layer
-    swapped in for the attention or the MLP sees and returns irrep-wise tokens either way.
+def irrep_block(
+    ftype: FeatureType,
+    heads: Sequence[np.ndarray],
+    activation: FourierActivation,
+    drop_path: float = 0.0,
+    attn_drop: float = 0.0,
+    qkv_bias: bool = True,
+    fused: bool = True,
+    norm_centers: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
+) -> Block:
+    """The O(2) seed's block on irrep-wise tokens ``[B, N, ftype.dim]``: equivariant LayerNorms,
+    irrep-wise attention, the Fourier-nonlinearity MLP (every part G-equivariant).
 
     Args:
         ftype: token feature type V.
@@ -83,78 +81,25 @@ class IrrepBlock(DerivedCache):
         fused: SDPA or the reference attention path.
         norm_centers: optional ``(norm1, norm2)`` centring coordinates (restricted models).
     """
-
-    def __init__(
-        self,
-        ftype: FeatureType,
-        heads: Sequence[np.ndarray],
-        activation: FourierActivation,
-        drop_path: float = 0.0,
-        attn_drop: float = 0.0,
-        qkv_bias: bool = True,
-        fused: bool = True,
-        norm_centers: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
-    ) -> None:
-        super().__init__()
-        self.in_type = self.out_type = ftype
-        self.norm1 = IrrepLayerNorm(ftype, center=norm_centers[0])
-        self.attn = IrrepAttention(ftype, heads, qkv_bias=qkv_bias, attn_drop=attn_drop, fused=fused)
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = IrrepLayerNorm(ftype, center=norm_centers[1])
-        self.mlp = IrrepMlp(ftype, activation)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-
-    def reflected_weights(self) -> tuple[tuple, tuple]:
-        """``(attention weights, MLP weights)`` folded for the reflected stream, behind one cache check."""
-        modules = self._modules
-        attn, mlp, norm1, norm2 = modules["attn"], modules["mlp"], modules["norm1"], modules["norm2"]
-        p1, p2 = norm1._parameters, norm2._parameters
-        sources = [
-            *attn.q.leaves(), *attn.k.leaves(), *attn.v.leaves(), *attn.proj.leaves(), *mlp.fc1.leaves(),
-            *mlp.fc2.leaves(), p1["weight"], p1["bias"], p2["weight"], p2["bias"],
-        ]  # fmt: skip
-        return self.derived(
-            "reflected", sources, lambda: (attn.fused_weights_reflected(norm1), mlp.folded_weights_reflected(norm2))
-        )
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope=None,
-        num_prefix_tokens: int = 0,
-        reflected: bool = False,
-        overwrite: bool = False,
-    ) -> torch.Tensor:
-        """``x [B, N, dim] -> [B, N, dim]``; ``overwrite=True`` lets the fast reflected path add the
-        residuals into ``x`` itself (for a caller that owns ``x`` and records no gradient: it saves an
-        allocation and a pass over fresh memory per residual)."""
-        modules = self._modules
-        attn, mlp, norm1, norm2 = modules["attn"], modules["mlp"], modules["norm1"], modules["norm2"]
-        if not reflected:
-            x = x + self.drop_path1(attn(norm1(x), rope, num_prefix_tokens))
-            return x + self.drop_path2(mlp(norm2(x)))
-        if rope is None and isinstance(attn, IrrepAttention) and isinstance(mlp, IrrepMlp):
-            attn_weights, mlp_weights = self.reflected_weights()
-            if overwrite and not torch.is_grad_enabled():
-                x.add_(self.drop_path1(attn.attend(norm1.normalize_reflected(x), *attn_weights)))
-                return x.add_(self.drop_path2(mlp.forward_with(norm2.normalize_reflected(x), *mlp_weights)))
-            x = x + self.drop_path1(attn.attend(norm1.normalize_reflected(x), *attn_weights))
-            return x + self.drop_path2(mlp.forward_with(norm2.normalize_reflected(x), *mlp_weights))
-        # A swapped-in layer sees and returns irrep-wise tokens.
-        x = x + self.drop_path1(norm1.reflect(attn(norm1(norm1.reflect(x)), rope, num_prefix_tokens)))
-        return x + self.drop_path2(norm2.reflect(mlp(norm2(norm2.reflect(x)))))
+    return Block(
+        IrrepLayerNorm(ftype, center=norm_centers[0]),
+        IrrepAttention(ftype, heads, qkv_bias=qkv_bias, attn_drop=attn_drop, fused=fused),
+        IrrepLayerNorm(ftype, center=norm_centers[1]),
+        IrrepMlp(ftype, activation),
+        drop_path=drop_path,
+    )
 
 
-class InvariantHead(DerivedCache, ExactBuffers):
+class InvariantHead(ExactBuffers):
     """Class token -> invariants -> logits (Sec. 4.5, eq. 15).
 
     ``cls -> cls_trivial (+) (|cls_{rho, c}|)_{rho != trivial, c}``, then dropout and a linear
     classifier. A restricted model passes its parent's grouping: ``trivial`` coordinates and
     ``groups`` (coordinate sets whose Euclidean norms are taken).
 
-    Without autograd the classifier is folded into two matrices, ``logits = cls @ A +
-    sqrt(cls^2 @ S) @ W_norms^T + b`` (``A`` reads the trivial coordinates, ``S`` sums squares per
-    group): four small ops instead of gathers, padding and concatenation.
+    ``eqvit.fuse`` folds the classifier into two matrices, ``logits = cls @ A + sqrt(cls^2 @ S) @
+    W_norms^T + b`` (``A`` reads the trivial coordinates, ``S`` sums squares per group, both kept here
+    as buffers): four small ops instead of gathers, padding and concatenation.
 
     The timm classifier interface: :meth:`pre_logits` gives the invariants ``[B, num_features]``
     (after the dropout), ``fc`` is the classifier and :meth:`reset_classifier` replaces it;
@@ -206,11 +151,10 @@ class InvariantHead(DerivedCache, ExactBuffers):
         self.num_classes = check_num_classes(num_classes)
         like = self.group_squares
         self.fc = (
-            nn.Linear(self.num_invariants, num_classes, device=like.device, dtype=like.dtype)
+            vit_linear(self.num_invariants, num_classes, device=like.device, dtype=like.dtype)
             if num_classes
             else nn.Identity()
         )
-        self.clear_derived_cache()
 
     def invariants(self, cls: torch.Tensor) -> torch.Tensor:
         """``[..., dim] -> [..., num_invariants]``: the trivial coordinates, then one norm per group."""
@@ -222,26 +166,10 @@ class InvariantHead(DerivedCache, ExactBuffers):
         norms = torch.linalg.vector_norm(padded[..., buffers["norm_index"]], dim=-1)
         return torch.cat([trivial, norms], dim=-1)
 
-    def folded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(A [dim, classes], W_norms^T [groups, classes], b)``, cached while no gradient is recorded."""
-        fc = self._modules["fc"]
-        weight, bias = fc._parameters["weight"], fc._parameters["bias"]
-        n = len(self.trivial)
-
-        def compute():
-            return self._buffers["trivial_select"] @ weight[:, :n].T, weight[:, n:].T.contiguous(), bias
-
-        return self.derived("folded", [weight, bias], compute)
-
     def pre_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, N, dim] -> [B, num_features]``: the class token's invariants, after the dropout."""
         return self.drop(self.invariants(tokens[:, 0]))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, N, dim] -> logits [B, num_classes]`` (the invariants when ``num_classes`` is 0)."""
-        if torch.is_grad_enabled() or (self.training and self.drop.p > 0) or not isinstance(self.fc, nn.Linear):
-            return self.fc(self.pre_logits(tokens))
-        cls = tokens[:, 0]
-        reads_trivial, reads_norms, bias = self.folded()
-        norms = torch.sqrt((cls * cls) @ self._buffers["group_squares"])
-        return torch.addmm(torch.addmm(bias, cls, reads_trivial), norms, reads_norms)
+        return self.fc(self.pre_logits(tokens))

@@ -106,6 +106,9 @@ class FeatureType:
         """The same representation on the frames (ValueError unless it is a multiple of the regular one)."""
         return self if self.basis == "frames" else FeatureType(self.group, self.multiplicities, basis="frames")
 
+    def __deepcopy__(self, memo: dict) -> FeatureType:
+        return self  # immutable, like its group
+
     def __repr__(self) -> str:
         if self.basis == "frames":
             return f"FeatureType({self.group.name}: {self.channels} x regular on frames; dim={self.dim})"

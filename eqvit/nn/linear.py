@@ -5,8 +5,7 @@ irrep only mixes channels (``w (x) I``), a complex-type irrep uses ``w1 (x) I + 
 (quaternionic: four basis elements). A bias is allowed on the trivial irrep only.
 
 The dense matrix is assembled by one gather from the flat parameter vector (``W = sum_k
-theta[index_k] * coef_k``, ``k < dim End``) and, when no gradient is recorded, cached until a
-parameter changes (:class:`DerivedCache`).
+theta[index_k] * coef_k``, ``k < dim End``) on every call; ``eqvit.fuse`` fixes it for inference.
 """
 
 from __future__ import annotations
@@ -18,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eqvit.nn.buffers import DerivedCache, ExactBuffers
+from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 
 
-class IrrepLinear(DerivedCache, ExactBuffers):
+class IrrepLinear(ExactBuffers):
     """``V' -> V''``: ``W = (W_rho)``, ``W_rho = sum_i w_i (x) L_i`` (eq. 4), plus a trivial-irrep bias (eq. 5).
 
     Args:
@@ -31,7 +30,7 @@ class IrrepLinear(DerivedCache, ExactBuffers):
 
     Parameters: ``weights[n]`` of shape ``[dim End(V_rho), C''_rho, C'_rho]`` for every irrep present
     in both types, ``bias [C''_trivial]``. The dense ``[out.dim, in.dim]`` matrix is
-    :meth:`weight_matrix` (one gather, cached while no gradient is recorded); ``forward`` is one
+    :meth:`weight_matrix` (one gather per call); ``forward`` is one
     ``F.linear``.
     """
 
@@ -106,8 +105,8 @@ class IrrepLinear(DerivedCache, ExactBuffers):
         return torch.cat([self.bias, self.bias.new_zeros(1)])[self._bias_index]
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(weight [out.dim, in.dim], bias [out.dim] or None)``, cached while no gradient is recorded."""
-        return self.derived("dense", self.leaves(), lambda: (self._dense_weight(), self._dense_bias()))
+        """``(weight [out.dim, in.dim], bias [out.dim] or None)`` (computed on every call; eqvit.fuse fixes them)."""
+        return self._dense_weight(), self._dense_bias()
 
     def leaves(self) -> list[torch.Tensor | None]:
         """The parameters, read afresh (plain dict lookups: this runs on every forward)."""

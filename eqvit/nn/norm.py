@@ -8,7 +8,7 @@ whole token (all representation matrices are orthogonal), ``gamma`` is one scala
 The forward pass is six ops: ``x @ (-mask / n)`` (a GEMV giving minus the centre mean as
 ``[..., 1]``; faster than a sum over a slice of the last axis), one ``addcmul`` for the centring,
 then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / hypot(|z|, sqrt(dim eps))`` as ``vector_norm`` +
-``hypot``, and ``mul`` + ``addcdiv(beta, gamma' z, .)`` with ``gamma' = sqrt(dim) gamma`` (cached).
+``hypot``, and ``mul`` + ``addcdiv(beta, gamma' z, .)`` with ``gamma' = sqrt(dim) gamma``.
 ``F.layer_norm`` cannot do it in one op on irrep-wise features: it subtracts the mean over all
 channels, and the centred token ``z`` has no zero mean in general.
 
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from eqvit.nn.buffers import DerivedCache, ExactBuffers
+from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 
 
-class IrrepLayerNorm(DerivedCache, ExactBuffers):
+class IrrepLayerNorm(ExactBuffers):
     """Equivariant LayerNorm on ``[..., ftype.dim]``.
 
     Args:
@@ -77,19 +77,18 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
     @eps.setter
     def eps(self, value: float) -> None:
         self._eps = float(value)
-        self.clear_derived_cache()  # the cached hypot constant depends on eps
 
     def extra_repr(self) -> str:
         return f"{self.ftype}, eps={self.eps}"
 
     def affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(gamma [dim], beta [dim], centre mask [dim])`` per coordinate (cached while no gradient is recorded)."""
+        """``(gamma [dim], beta [dim], centre mask [dim])`` per coordinate."""
 
         def compute():
             beta = self.bias.new_zeros(self.ftype.dim).index_add(0, self.bias_index, self.bias)
             return self.weight[self.copy_index], beta, self.center_mask
 
-        return self.derived("affine", [self._parameters["weight"], self._parameters["bias"]], compute)
+        return compute()
 
     def _scaled_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`affine` with ``gamma * sqrt(dim)`` and the 0-d tensor ``sqrt(dim eps)``:
@@ -100,8 +99,7 @@ class IrrepLayerNorm(DerivedCache, ExactBuffers):
             root = beta.new_tensor(math.sqrt(self.ftype.dim * self.eps))
             return gamma * math.sqrt(self.ftype.dim), beta, mask, root
 
-        params = self._parameters
-        return self.derived("scaled_affine", [params["weight"], params["bias"]], compute)
+        return compute()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gamma, beta, mask, root = self._scaled_affine()

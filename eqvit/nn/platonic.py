@@ -8,13 +8,12 @@ of SDPA, and norms / LayerScale share their parameters across frames.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eqvit.groups import FiniteGroup
-from eqvit.nn.buffers import DerivedCache
+from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import DropPath, check_num_classes
+from eqvit.nn.layers import Block, FeatureGather, check_num_classes
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm, RegularLayerScale
 from eqvit.nn.sdpa import ScaledDotProductAttention
@@ -23,7 +22,7 @@ SCORES = ("frames", "invariant")
 FRAME_POOLS = ("mean", "max")
 
 
-class PlatonicAttention(DerivedCache):
+class PlatonicAttention(nn.Module):
     """Self-attention on regular features with frames as heads.
 
     Per frame, ``C`` channels split into ``H`` heads of ``D = C / H``. ``scores="frames"`` (the
@@ -33,9 +32,9 @@ class PlatonicAttention(DerivedCache):
     is shared by all frames. Rotary schemes (frame RoPE) rotate ``q, k`` stacked, ``[B, N, 2, |G| H, D]``,
     in place.
 
-    The qkv projection's output rows are reordered once (cached with its dense weight) from
-    frames-major ``(G, 3, H, D)`` to ``(3, G, H, D)``: q, k and v are then plain views, as in timm,
-    and q and k are rotated together in one op.
+    The qkv projection's output is reordered (``head_order``, folded into its rows by ``eqvit.fuse``)
+    from frames-major ``(G, 3, H, D)`` to ``(3, G, H, D)``: q, k and v are then plain views, as in
+    timm, and q and k are rotated together in one op.
 
     Args:
         group: the frames G.
@@ -76,23 +75,14 @@ class PlatonicAttention(DerivedCache):
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.proj = GroupConvLinear(group, channels, channels, impl=impl)
         self.proj_drop = nn.Dropout(proj_drop)
-        # Row r of the qkv output in (q/k/v, frame, channel) order reads row (frame, q/k/v, channel).
+        # Row r of the qkv output in (q/k/v, frame, channel) order reads row (frame, q/k/v, channel);
+        # eqvit.fuse folds this gather into the projection's rows.
         rows = torch.arange(3 * group.order * channels).view(group.order, 3, channels).transpose(0, 1)
-        self.register_buffer("qkv_rows", rows.flatten(), persistent=False)
+        self.head_order = FeatureGather(rows.flatten())
 
     def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, N, |G| C] -> [B, N, 3, |G| H, D]``: q, k, v with frames-major heads."""
-        lin = self.qkv
-        if lin.impl == "cayley":  # reorder the dense weight's rows once (cached while no grad is recorded)
-
-            def reorder() -> tuple[torch.Tensor, torch.Tensor | None]:
-                weight, bias = lin.gather_dense()  # uncached: only the reordered copy is kept
-                return weight[self.qkv_rows], None if bias is None else bias[self.qkv_rows]
-
-            lin.check_input(x)
-            out = F.linear(x, *self.derived("qkv", [lin.weight, lin.bias], reorder))
-        else:
-            out = lin(x).index_select(-1, self.qkv_rows)
+        out = self.head_order(self.qkv(x))
         return out.unflatten(-1, (3, self.order * self.num_heads, self.head_dim))
 
     def forward(
@@ -140,48 +130,34 @@ class PlatonicMlp(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
-class PlatonicBlock(nn.Module):
-    """Pre-norm block ``x + ls1(attn(norm1(x)))``, ``x + ls2(mlp(norm2(x)))`` on ``[B, N, |G| C]``.
-
-    ``init_values`` enables LayerScale (a gamma ``[C]`` shared across frames); ``None`` leaves it out.
-    """
-
-    def __init__(
-        self,
-        group: FiniteGroup,
-        channels: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        qk_norm: bool = False,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        init_values: float | None = None,
-        fused_attn: bool = True,
-        scores: str = "frames",
-        impl: str = "auto",
-    ) -> None:
-        super().__init__()
-        G = group.order
-        self.in_type = self.out_type = FeatureType.frames(group, channels)
-        self.norm1 = RegularLayerNorm(G, channels)
-        self.attn = PlatonicAttention(
-            group, channels, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused_attn, scores, impl
-        )
-        self.ls1 = RegularLayerScale(G, channels, init_values) if init_values is not None else nn.Identity()
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = RegularLayerNorm(G, channels)
-        self.mlp = PlatonicMlp(group, channels, int(channels * mlp_ratio), drop, impl)
-        self.ls2 = RegularLayerScale(G, channels, init_values) if init_values is not None else nn.Identity()
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-
-    def forward(
-        self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
-    ) -> torch.Tensor:
-        """``x [B, N, |G| C] -> [B, N, |G| C]``."""
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope, num_prefix_tokens)))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+def platonic_block(
+    group: FiniteGroup,
+    channels: int,
+    num_heads: int,
+    mlp_ratio: float = 4.0,
+    qkv_bias: bool = True,
+    qk_norm: bool = False,
+    drop: float = 0.0,
+    attn_drop: float = 0.0,
+    drop_path: float = 0.0,
+    init_values: float | None = None,
+    fused_attn: bool = True,
+    scores: str = "frames",
+    impl: str = "auto",
+) -> Block:
+    """The Platonic seed's block on regular features ``[B, N, |G| C]``: frame-shared LayerNorms,
+    frames-as-heads attention, a group-convolution MLP; ``init_values`` enables LayerScale (a gamma
+    ``[C]`` shared across frames), ``None`` leaves it out."""
+    G = group.order
+    return Block(
+        RegularLayerNorm(G, channels),
+        PlatonicAttention(group, channels, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused_attn, scores, impl),
+        RegularLayerNorm(G, channels),
+        PlatonicMlp(group, channels, int(channels * mlp_ratio), drop, impl),
+        ls1=RegularLayerScale(G, channels, init_values) if init_values is not None else None,
+        ls2=RegularLayerScale(G, channels, init_values) if init_values is not None else None,
+        drop_path=drop_path,
+    )
 
 
 class FramePool(nn.Module):
@@ -253,7 +229,7 @@ class InvariantPoolHead(nn.Module):
         self.num_classes = check_num_classes(num_classes)
         like = self.lift.weight
         self.fc = (
-            nn.Linear(self.num_features, num_classes, device=like.device, dtype=like.dtype)
+            vit_linear(self.num_features, num_classes, device=like.device, dtype=like.dtype)
             if num_classes
             else nn.Identity()
         )

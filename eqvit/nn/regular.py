@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.groups import FiniteGroup
-from eqvit.nn.buffers import DerivedCache, ExactBuffers
+from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 
 IMPLEMENTATIONS = ("auto", "cayley", "fourier")
@@ -79,7 +79,7 @@ def _fourier_matrices(group: FiniteGroup) -> tuple[np.ndarray, np.ndarray, list[
     return transform, np.linalg.pinv(transform), [rho.dim for rho in group.irreps]
 
 
-class GroupConvLinear(DerivedCache, ExactBuffers):
+class GroupConvLinear(ExactBuffers):
     """Equivariant linear map on regular features: a group convolution over the frames.
 
     ``y(R) = sum_h W(h) f(R h) + b``, i.e. ``[W]_{R, R'} = W(R^-1 R')`` (seed eq. for Phi), with a
@@ -96,7 +96,7 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
     ``"auto"`` picks the Fourier form when it needs under a fifth of the dense form's
     multiply-adds (the dense GEMM runs closer to peak; the threshold is calibrated by
     ``benchmarks/platonic_speed.py``). Either form's weights (the gathered matrix, the per-irrep
-    kernels) are cached while no gradient is recorded, until a parameter changes.
+    kernels) are derived on every call; ``eqvit.fuse`` fixes them for inference.
 
     Args:
         group: the frames G.
@@ -157,7 +157,7 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
 
     def dense_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(dense_weight(), dense_bias())`` behind one cache lookup (the Cayley forward's operands)."""
-        return self.derived("dense", [self.weight, self.bias], self.gather_dense)
+        return self.gather_dense()
 
     def gather_dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`dense_weight_and_bias` computed afresh, without the cache (for callers that cache a
@@ -178,7 +178,7 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
 
         ``W_hat[(b', o), (b, i)] = sum_h rho(h)[b', b] W(h)[o, i]``.
         """
-        return self.derived("fourier", [self.weight], self._fourier_kernels)
+        return self._fourier_kernels()
 
     def _fourier_kernels(self) -> list[torch.Tensor]:
         O, I = self.out_channels, self.in_channels
@@ -215,7 +215,7 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
     def kernel_matrix(self) -> torch.Tensor:
         """The kernel as one matrix ``[C_out, |G| C_in]``: column block u is ``W(u)``."""
         O, I = self.out_channels, self.in_channels
-        return self.derived("kernel", [self.weight], lambda: self.weight.transpose(0, 1).reshape(O, self.order * I))
+        return self.weight.transpose(0, 1).reshape(O, self.order * I)
 
     def forward_fourier(self, x: torch.Tensor) -> torch.Tensor:
         """The Fourier-domain form: ``f_hat(rho) = sum_g f(g) rho(g)``, ``y_hat = f_hat W_hat``, back."""
@@ -233,12 +233,12 @@ class GroupConvLinear(DerivedCache, ExactBuffers):
         return y.reshape(*lead, G * O)
 
 
-class RegularLayerNorm(DerivedCache):
+class RegularLayerNorm(nn.Module):
     """LayerNorm over all ``|G| * C`` entries of a token, affine ``[C]`` shared across frames.
 
     The mean and variance over every frame are invariant to permuting frames, and a per-channel
     scale that is the same in every frame commutes with that permutation. The affine parameters
-    tiled over the frames are cached while no gradient is recorded.
+    tiled over the frames are derived on every call (``eqvit.fuse`` fixes them).
     """
 
     def __init__(self, group_order: int, channels: int, eps: float = 1e-6) -> None:
@@ -249,9 +249,7 @@ class RegularLayerNorm(DerivedCache):
 
     def tiled_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weight, bias)`` repeated over the frames, ``[|G| * C]`` each."""
-        return self.derived(
-            "affine", [self.weight, self.bias], lambda: (self.weight.repeat(self.order), self.bias.repeat(self.order))
-        )
+        return self.weight.repeat(self.order), self.bias.repeat(self.order)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.tiled_affine()

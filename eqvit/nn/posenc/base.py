@@ -16,6 +16,12 @@ class PositionalScheme(nn.Module):
 
     is_rotary: bool = False
 
+    def rope_for(self, *inputs: torch.Tensor) -> PositionalScheme | None:
+        """The rotary scheme attention applies for these (encoded) model inputs: None for additive
+        schemes, the scheme itself when its positions are fixed (a grid); schemes whose positions
+        come with the input (point clouds) bind them here, once per forward."""
+        return self if self.is_rotary else None
+
     def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, N, C]`` -> ``[B, N, C]`` (prefix tokens excluded by the caller)."""
         return x

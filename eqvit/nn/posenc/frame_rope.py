@@ -150,6 +150,10 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
         self._check_positions(positions)
         return self._cos_sin(positions.to(self.freqs.dtype), self.freqs, self.frames.to(self.freqs.dtype))
 
+    def rope_for(self, *inputs: torch.Tensor) -> PositionalScheme:
+        """Fixed positions: this scheme; otherwise bound to the positions ``inputs[0] [B, N, d]``."""
+        return self if self.fixed_positions else self.bind(inputs[0])
+
     def bind(self, positions: torch.Tensor) -> BoundFrameRoPE:
         """The rotary scheme for per-sample positions ``[B, N, d]`` (computed once per forward)."""
         return BoundFrameRoPE(*self.cos_sin(positions))

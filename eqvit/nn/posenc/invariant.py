@@ -2,8 +2,7 @@
 
 ``PosEnc(x) = x + p`` is equivariant iff ``rho(g) p_rho(g^-1 . a) = p_rho(a)`` for every irrep. A basis
 of the invariant subspace of ``R^H (x) V_rho`` (the fixed space of ``P_H(g) (x) rho(g)``) is
-precomputed; each channel of ``p_rho`` is a learned combination of it. The encoding ``p`` is cached
-while no gradient is recorded (:class:`~eqvit.nn.buffers.DerivedCache`).
+precomputed; each channel of ``p_rho`` is a learned combination of it (``eqvit.fuse`` fixes ``p``).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import torch
 from torch import nn
 
 from eqvit.geometry.points import permutations_for
-from eqvit.nn.buffers import DerivedCache, ExactBuffers
+from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.posenc.base import PositionalScheme
 
@@ -39,7 +38,7 @@ def invariant_basis(perms: np.ndarray, matrices: np.ndarray) -> np.ndarray:
     return basis.reshape(-1, M, d)
 
 
-class InvariantAPE(DerivedCache, PositionalScheme, ExactBuffers):
+class InvariantAPE(PositionalScheme, ExactBuffers):
     """``x [B, M, V.dim] -> x + p`` with ``p`` G-invariant on the patch centres.
 
     Args:
@@ -68,10 +67,8 @@ class InvariantAPE(DerivedCache, PositionalScheme, ExactBuffers):
             self.pos_embed.append(nn.Parameter(torch.randn(c, len(B)) * std))
 
     def embedding(self) -> torch.Tensor:
-        """``[M, V.dim]`` the encoding p (cached while no gradient is recorded)."""
-        sources = [*self._modules["pos_embed"]._parameters.values()]
-        sources += [self._buffers[f"basis_{n}"] for n, _, _ in self._used]
-        return self.derived("embedding", sources, self.embedding_reference)
+        """``[M, V.dim]`` the encoding p."""
+        return self.embedding_reference()
 
     def embedding_reference(self) -> torch.Tensor:
         """``[M, V.dim]`` the encoding p, computed afresh (one einsum per irrep)."""

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from eqvit.geometry.icosphere import icosphere
+from eqvit.nn.init import vit_linear
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class IcospherePatchEmbed(nn.Module):
         self.in_chans = in_chans
         self.num_vertices = len(icosphere(input_level).vertices)
         self.register_buffer("gather_index", torch.from_numpy(self.lifting.gather_index.copy()), persistent=False)
-        self.proj = nn.Linear(in_chans * self.lifting.taps, embed_dim)
+        self.proj = vit_linear(in_chans * self.lifting.taps, embed_dim)
 
     @property
     def num_tokens(self) -> int:
@@ -146,7 +147,7 @@ class IcosphereUnpatchify(nn.Module):
             raise RuntimeError("some vertices are not covered by any patch")
         self.register_buffer("scatter_index", index, persistent=False)
         self.register_buffer("inv_count", (1.0 / counts).float(), persistent=False)
-        self.proj = nn.Linear(embed_dim, out_chans * self.lifting.taps)
+        self.proj = vit_linear(embed_dim, out_chans * self.lifting.taps)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         B, N, _ = tokens.shape

@@ -6,9 +6,9 @@ then mapped by one G-equivariant linear map ``C(U, R^c) -> V`` (eq. 7). The map 
 precomputed irrep-adapted orthonormal basis ``E^rho_{alpha j}`` of ``C(U, R)`` (the decomposition of
 U's permutation representation), so ``C(U, R^c)`` becomes an irrep-wise feature type with
 ``c * nu_rho`` copies of rho, and the learnable part is an :class:`~eqvit.nn.linear.IrrepLinear`
-(its weights are the seed's ``K^rho``). The filters ``W E`` are one matmul, cached while no
-gradient is recorded (:class:`~eqvit.nn.buffers.DerivedCache`), so inference embeds patches with
-one ``F.linear`` (a strided ``F.conv2d`` for square patches).
+(its weights are the seed's ``K^rho``). The filters ``W E`` are one matmul per call (fixed by
+``eqvit.fuse`` for inference), and patches are embedded with one ``F.linear`` (a strided
+``F.conv2d`` for square patches).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from eqvit.geometry.points import permutations_for
 from eqvit.groups import FiniteGroup
-from eqvit.nn.buffers import DerivedCache, ExactBuffers
+from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
 
@@ -84,11 +84,11 @@ def patch_filter_basis(group: FiniteGroup, offsets: np.ndarray, in_chans: int) -
     return ftype, B
 
 
-class GroupPatchEmbed(DerivedCache, ExactBuffers):
+class GroupPatchEmbed(ExactBuffers):
     """``patches [B, M, in_chans * K] -> tokens [B, M, out_type.dim]`` (eq. 7).
 
-    The filters ``F = W E [out.dim, in_chans * K]`` and the bias are cached while no gradient is
-    recorded, keyed on the projection's parameters and the filter basis (:meth:`dense`).
+    The filters ``F = W E [out.dim, in_chans * K]`` and the bias are derived on every call
+    (:meth:`dense`); ``eqvit.fuse`` fixes them.
 
     Args:
         group: G (must map ``offsets`` onto itself).
@@ -105,14 +105,14 @@ class GroupPatchEmbed(DerivedCache, ExactBuffers):
         self.out_type = out_type
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(filters [out.dim, in_chans * K], bias [out.dim] or None)``, cached while no gradient is recorded."""
+        """``(filters [out.dim, in_chans * K], bias [out.dim] or None)``, derived on every call."""
         proj = self._modules["proj"]
 
         def compute():
             w, b = proj.dense()
             return w @ self._buffers["filter_basis"], b
 
-        return self.derived("filters", [*proj.leaves(), self._buffers["filter_basis"]], compute)
+        return compute()
 
     def filters(self) -> torch.Tensor:
         """``[out.dim, in_chans * K]`` the learned filters ``F = W E`` (seed, Sec. 4.2.1)."""
@@ -126,7 +126,7 @@ class GroupPatchEmbed(DerivedCache, ExactBuffers):
         return F.linear(patches, *self.dense())
 
 
-class PlanarTokenizer(DerivedCache):
+class PlanarTokenizer(nn.Module):
     """Unfold (eq. 6), equivariant patch embedding (eq. 7) and a class token in the trivial irreps (Sec. 4.5).
 
     Args:
@@ -139,7 +139,7 @@ class PlanarTokenizer(DerivedCache):
         class_token: prepend one token that is non-zero only in the trivial irrep.
 
     Input ``[B, in_chans, *spatial]`` (flattened row-major to the points); output ``[B, 1 + M, V.dim]``.
-    The dense class token is cached while no gradient is recorded (:meth:`class_token`).
+    The dense class token is :meth:`class_token`.
     """
 
     def __init__(
@@ -186,9 +186,9 @@ class PlanarTokenizer(DerivedCache):
         return F.linear(flat, self.embed.filters_reference(), self.embed.proj.bias_vector())
 
     def class_token(self) -> torch.Tensor:
-        """``[V.dim]`` the class token, zero outside the trivial irreps (cached while no gradient is recorded)."""
+        """``[V.dim]`` the class token, zero outside the trivial irreps."""
         cls = self._parameters["cls_token"]
-        return self.derived("cls", [cls], lambda: cls.new_zeros(self.out_type.dim).index_add(0, self.cls_index, cls))
+        return cls.new_zeros(self.out_type.dim).index_add(0, self.cls_index, cls)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.patch_tokens(x)

@@ -20,13 +20,14 @@ from torch import nn
 
 from eqvit.geometry.points import point_permutation
 from eqvit.groups import FiniteGroup
-from eqvit.nn.buffers import DerivedCache, ExactBuffers
+from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.init import vit_linear
 from eqvit.nn.regular import LiftToGroup
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed
 from eqvit.nn.tokenizers.square import square_patch_layout
 
 
-class LiftedSquarePatchEmbed(DerivedCache):
+class LiftedSquarePatchEmbed(nn.Module):
     """``[B, C_in, S, S] -> [B, (S/P)^2, |G| * C]``: ``f_i(R) = sum_u W(u) x(c_i + R u) + b``.
 
     One kernel ``W [C, C_in, P, P]``; frame R uses it with the patch pixels permuted by R (the
@@ -66,8 +67,8 @@ class LiftedSquarePatchEmbed(DerivedCache):
         return (self.img_size // self.patch_size) ** 2
 
     def steered_weight(self) -> torch.Tensor:
-        """``[|G| C, C_in, P, P]``: the kernel as seen by every frame, frames-major (cached without grad)."""
-        return self.derived("steered", [self.weight], self._steer_weight)
+        """``[|G| C, C_in, P, P]``: the kernel as seen by every frame, frames-major."""
+        return self._steer_weight()
 
     def _steer_weight(self) -> torch.Tensor:
         # Frame g's kernel at offset v is W(R_g^-1 v): gather through steer[g, v].
@@ -76,9 +77,20 @@ class LiftedSquarePatchEmbed(DerivedCache):
         return w.permute(2, 0, 1, 3).reshape(self.order * self.channels, self.in_chans, P, P)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = self.derived("bias", [self.bias], lambda: self.bias.repeat(self.order))
+        bias = self.bias.repeat(self.order)
         out = F.conv2d(x, self.steered_weight(), bias, stride=self.patch_size)
         return out.flatten(2).transpose(1, 2)  # [B, N, G C]
+
+
+class CentredPoints(nn.Module):
+    """The input encoding of point-cloud models: ``(pos [B, N, d], feat) -> (pos - mean(pos), feat)``.
+
+    Centring makes every model after it exactly translation invariant (and leaves rotations about
+    the origin acting as before).
+    """
+
+    def forward(self, pos: torch.Tensor, feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return pos - pos.mean(dim=1, keepdim=True), feat
 
 
 class LiftedPointEmbed(nn.Module):
@@ -93,8 +105,8 @@ class LiftedPointEmbed(nn.Module):
         super().__init__()
         self.order, self.dim = group.order, group.dim
         self.lift = LiftToGroup(group)
-        self.scalar_proj = nn.Linear(in_chans, channels)
-        self.vector_proj = nn.Linear(group.dim, channels, bias=False)
+        self.scalar_proj = vit_linear(in_chans, channels)
+        self.vector_proj = vit_linear(group.dim, channels, bias=False)
 
     def forward(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
         seen = self.lift(vectors=pos.unsqueeze(-2)).unflatten(-1, (self.order, self.dim))  # [B, N, G, d]
@@ -113,7 +125,7 @@ class LiftedIcosphereEmbed(ExactBuffers):
         super().__init__()
         self.order = group.order
         self.embed = IcospherePatchEmbed(in_chans, channels, input_level, patch_level)
-        self.axes_proj = nn.Linear(6, channels, bias=False)
+        self.axes_proj = vit_linear(6, channels, bias=False)
         poses = self.embed.poses  # [3M, 3, 3] float64, columns (e1, e2, e3)
         axes = poses[:, :, [0, 2]].transpose(1, 2)  # [3M, 2, 3]
         # Fixed geometry: the axes seen from every frame are lifted once, in float64.

@@ -1,7 +1,7 @@
 """Square patches for D4 and its subgroups (O(2) seed, eq. 1): ``U`` = P x P pixels, ``H`` = q x q centres.
 
 Non-overlapping square patches make the unfold + embedding one strided convolution with the
-(cached) equivariant filters viewed as ``[V.dim, C, P, P]``: no unfolded copy of the image.
+equivariant filters viewed as ``[V.dim, C, P, P]``: no unfolded copy of the image.
 """
 
 from __future__ import annotations
