@@ -280,6 +280,8 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
 class SymmetryRelaxation:
     """Gradual symmetry breaking (the seed's remark after Theorem 2): G-equivariant early, a subgroup later.
 
+    For O(2)-subgroup ViTs and Platonic Transformers alike (both through :func:`restrict`).
+
     Args:
         schedule: ``{epoch: subgroup name}``; at the start of that epoch the model is replaced by its
             :func:`restrict`-ion (same function, more freedom), e.g. ``{10: "D2", 20: "C1"}``.
@@ -295,6 +297,6 @@ class SymmetryRelaxation:
 
     def step(self, model: EquivariantViT, epoch: int) -> tuple[EquivariantViT, bool]:
         target = self.schedule.get(int(epoch))
-        if target is None or target == model.group.name:
+        if target is None or target == getattr(model, "frames", model.group).name:  # Platonic: the frames
             return model, False
         return restrict(model, target), True

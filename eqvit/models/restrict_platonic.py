@@ -465,8 +465,9 @@ def _restrict_icosphere_embed(embed: LiftedIcosphereEmbed, context: RestrictionC
 
 @restrictor(FramePool)
 def _restrict_frame_pool(pool: FramePool, context: RestrictionContext) -> FramePool:
-    """Pooling over G's frames is pooling over H's frames and the cosets: ``(a, k)`` is frame ``a m + k``."""
-    return FramePool(context.H.order * context.index, pool.mode)
+    """Pooling over G's frames is pooling over H's frames and the cosets: ``(a, k)`` is frame ``a m + k``
+    of the ``|H| m = |G|`` groups of channels, so the pool itself is unchanged (it keeps its order)."""
+    return FramePool(pool.order, pool.mode)
 
 
 @restrictor(InvariantPoolHead)
@@ -479,10 +480,11 @@ def _restrict_pool_head(head: InvariantPoolHead, context: RestrictionContext) ->
     new._modules = {n: copy.deepcopy(c) for n, c in head._modules.items()}
     new.lift = restrict_module(head.lift, context)
     if head.pool_mode == "mean" and isinstance(head.fc, nn.Linear):
+        copies = m * head.pool.order // context.G.order  # the classifier averages over these H-invariants
         new.pool = FramePool(context.H.order, "mean")
-        new.num_features = m * head.num_features
+        new.num_features = copies * head.num_features
         fc = nn.Linear(new.num_features, head.fc.out_features, bias=head.fc.bias is not None)
-        fc.weight = _param(head.fc.weight.detach().repeat(1, m) / m, head.fc.weight)
+        fc.weight = _param(head.fc.weight.detach().repeat(1, copies) / copies, head.fc.weight)
         if head.fc.bias is not None:
             fc.bias = _param(head.fc.bias.detach().clone(), head.fc.bias)
         new.fc = fc
