@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.models.vit import EquivariantViT
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import DropPath
 from eqvit.nn.platonic import (
@@ -250,6 +251,8 @@ def restrict_children(module: nn.Module, context: RestrictionContext) -> nn.Modu
     new._buffers = {n: None if b is None else b.clone() for n, b in module._buffers.items()}
     new._modules = {n: None if c is None else restrict_module(c, context) for n, c in module._modules.items()}
     new.__dict__.pop("_derived_cache", None)
+    if "_exact_masters" in module.__dict__:  # ExactBuffers: its own float64 masters, not the parent's
+        new.__dict__["_exact_masters"] = {n: t.clone() for n, t in module._exact_masters.items()}
     for name in ("in_type", "out_type"):
         ftype = getattr(module, name, None)
         if isinstance(ftype, FeatureType) and ftype.basis == "frames":
@@ -549,10 +552,11 @@ def restrict_platonic(model: nn.Module, subgroup: str | FiniteGroup | np.ndarray
     context = RestrictionContext.build(G, H, scores.pop() if scores else "frames", cosets)
     like = next(model.parameters())
     with torch.no_grad():
-        new = restrict_model_children(model, context)
+        new = restrict_module(model, context)
     return new.to(device=like.device, dtype=like.dtype)
 
 
+@restrictor(EquivariantViT)
 def restrict_model_children(model: nn.Module, context: RestrictionContext) -> nn.Module:
     """The model with every child restricted, then its group, frames, rotary scheme and token type set."""
     G, H = context.G, context.H
