@@ -47,6 +47,10 @@ def find_subgroup(group: FiniteGroup, subgroup: str | FiniteGroup | np.ndarray) 
         return subgroup
     if not isinstance(subgroup, str):
         return group.subgroup(np.asarray(subgroup, dtype=np.int64))
+    if group.dim == 3:  # the Platonic frames: subgroups named by structure ("T", "D2", "C3", ...)
+        from eqvit.models.restrict_platonic import find_spatial_subgroup
+
+        return find_spatial_subgroup(group, subgroup)
     names = {}
     for idx in group.all_subgroups():
         names.setdefault(group.subgroup(idx).name, idx)
@@ -152,15 +156,22 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
     """An H-equivariant model computing the same function as the G-equivariant ``model`` (Theorem 2).
 
     Args:
-        model: an O(2)-subgroup ViT (``eqvit.create_model("o2vit_*")``) or a restricted one.
-        subgroup: a subgroup name of ``model.group`` (``"C4"``, ``"D2"``, ``"D1"``, ...), or a
-            FiniteGroup taken from it with ``model.group.subgroup(indices)``.
+        model: an O(2)-subgroup ViT (``eqvit.create_model("o2vit_*")``), a Platonic Transformer
+            (``platonic_*``, restricted frame by frame: :mod:`eqvit.models.restrict_platonic`) or a
+            restricted one.
+        subgroup: a subgroup name of ``model.group`` (``"C4"``, ``"D2"``, ``"D1"``, ...; for Platonic
+            models of ``model.frames``, e.g. ``"T"``), or a FiniteGroup taken from it with
+            ``model.group.subgroup(indices)``.
 
     Returns:
         A new model (same dtype, eval/train mode copied) with ``.group`` the subgroup.
     """
+    from eqvit.models.restrict_platonic import is_platonic, restrict_platonic
+
+    if is_platonic(model):
+        return restrict_platonic(model, subgroup)
     if not isinstance(getattr(model, "tokenizer", None), PlanarTokenizer):
-        raise ValueError("restrict() expects an O(2)-subgroup ViT (o2vit_*)")
+        raise ValueError("restrict() expects an O(2)-subgroup ViT (o2vit_*) or a Platonic Transformer (platonic_*)")
     G = model.group
     H = find_subgroup(G, subgroup)
     dtype = next(model.parameters()).dtype
@@ -269,6 +280,8 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
 class SymmetryRelaxation:
     """Gradual symmetry breaking (the seed's remark after Theorem 2): G-equivariant early, a subgroup later.
 
+    For O(2)-subgroup ViTs and Platonic Transformers alike (both through :func:`restrict`).
+
     Args:
         schedule: ``{epoch: subgroup name}``; at the start of that epoch the model is replaced by its
             :func:`restrict`-ion (same function, more freedom), e.g. ``{10: "D2", 20: "C1"}``.
@@ -284,6 +297,6 @@ class SymmetryRelaxation:
 
     def step(self, model: EquivariantViT, epoch: int) -> tuple[EquivariantViT, bool]:
         target = self.schedule.get(int(epoch))
-        if target is None or target == model.group.name:
+        if target is None or target == getattr(model, "frames", model.group).name:  # Platonic: the frames
             return model, False
         return restrict(model, target), True

@@ -177,14 +177,16 @@ def check_relaxation(model: nn.Module, schedule: dict[int, str]) -> None:
     if not schedule:
         return
     from eqvit.models.restrict import find_subgroup
+    from eqvit.models.restrict_platonic import is_platonic
     from eqvit.nn.tokenizers.planar import PlanarTokenizer
 
-    if not isinstance(getattr(model, "tokenizer", None), PlanarTokenizer):
+    platonic = is_platonic(model)
+    if not platonic and not isinstance(getattr(model, "tokenizer", None), PlanarTokenizer):
         raise ValueError(
-            f"model.relaxation needs an O(2)-subgroup ViT (o2vit_*), got {type(model).__name__} "
-            f"{getattr(model, 'default_cfg', {}).get('architecture', '')}".rstrip()
+            f"model.relaxation needs an O(2)-subgroup ViT (o2vit_*) or a Platonic Transformer (platonic_*), "
+            f"got {type(model).__name__} {getattr(model, 'default_cfg', {}).get('architecture', '')}".rstrip()
         )
-    group = model.group
+    group = model.frames if platonic else model.group  # Platonic models restrict their frames
     for _, name in sorted(schedule.items()):
         try:
             group = find_subgroup(group, name)
@@ -213,7 +215,8 @@ def check_no_previous_run(out: str | Path) -> None:
 
 
 def restrict_model(model: nn.Module, subgroup: str) -> nn.Module:
-    """:func:`eqvit.models.restrict.restrict` on the model's device, leaving the global RNG alone."""
+    """:func:`eqvit.models.restrict.restrict` (O(2)-subgroup ViTs and Platonic Transformers alike) on the
+    model's device, leaving the global RNG alone."""
     from eqvit.models.restrict import restrict
 
     device = next(model.parameters()).device
