@@ -258,3 +258,15 @@ def test_engine_relaxes_a_platonic_model_and_evaluate_rebuilds_it(tmp_path):
     assert summary["relaxed"] == ["C4", "C2"] and summary["group"] == "C2"
     result = evaluate_checkpoint(load_config(path), tmp_path / "run" / "last.safetensors", progress=False)
     assert result["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
+
+
+def test_restricted_blocks_declare_the_restricted_type():
+    """Each restricted block is checked through its own feature types: H frames, |G:H| times the channels."""
+    from eqvit.testing import assert_equivariant
+
+    model = randomise_(eqvit.create_model("platonic_image_tiny", group="D4")).double().eval()
+    restricted = eqvit.restrict(model, "C4")
+    for block in restricted.blocks:
+        assert block.in_type.group is restricted.frames
+        assert block.in_type.dim == model.blocks[0].in_type.dim
+        assert_equivariant(block)

@@ -42,13 +42,12 @@ from torch import nn
 from eqvit.groups import FiniteGroup
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import DropPath
+from eqvit.nn.layers import Block, DropPath
 from eqvit.nn.platonic import (
     FramePool,
     FramePoolDense,
     InvariantPoolHead,
     PlatonicAttention,
-    PlatonicBlock,
     PlatonicMlp,
 )
 from eqvit.nn.posenc.base import NoPositionalEncoding
@@ -56,7 +55,12 @@ from eqvit.nn.posenc.frame_rope import FrameRoPE
 from eqvit.nn.posenc.latitude import LatitudeEncoding
 from eqvit.nn.regular import FOURIER_COST_RATIO, GroupConvLinear, LiftToGroup, RegularLayerNorm, RegularLayerScale
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
-from eqvit.nn.tokenizers.platonic import LiftedIcosphereEmbed, LiftedPointEmbed, LiftedSquarePatchEmbed
+from eqvit.nn.tokenizers.platonic import (
+    CentredPoints,
+    LiftedIcosphereEmbed,
+    LiftedPointEmbed,
+    LiftedSquarePatchEmbed,
+)
 from eqvit.utils import unknown_name_error
 
 Layout = tuple[np.ndarray, np.ndarray]  # per H-frame channel j: (coset k_j, G channel c_j)
@@ -206,6 +210,7 @@ GROUP_AGNOSTIC: tuple[type, ...] = (
     LatitudeEncoding,
     IcospherePatchEmbed,
     IcosphereUnpatchify,
+    CentredPoints,
 )
 
 
@@ -241,7 +246,7 @@ def restrict_module(module: nn.Module, context: RestrictionContext) -> nn.Module
     return new
 
 
-@restrictor(nn.ModuleList, nn.Sequential, nn.ModuleDict, PlatonicBlock)
+@restrictor(nn.ModuleList, nn.Sequential, nn.ModuleDict, Block)
 def restrict_children(module: nn.Module, context: RestrictionContext) -> nn.Module:
     """A shallow copy of a container whose children are restricted (own parameters and buffers copied)."""
     new = copy.copy(module)
@@ -250,11 +255,10 @@ def restrict_children(module: nn.Module, context: RestrictionContext) -> nn.Modu
     }
     new._buffers = {n: None if b is None else b.clone() for n, b in module._buffers.items()}
     new._modules = {n: None if c is None else restrict_module(c, context) for n, c in module._modules.items()}
-    new.__dict__.pop("_derived_cache", None)
     if "_exact_masters" in module.__dict__:  # ExactBuffers: its own float64 masters, not the parent's
         new.__dict__["_exact_masters"] = {n: t.clone() for n, t in module._exact_masters.items()}
     for name in ("in_type", "out_type"):
-        ftype = getattr(module, name, None)
+        ftype = module.__dict__.get(name)  # declared types; a Block reads its attention's
         if isinstance(ftype, FeatureType) and ftype.basis == "frames":
             setattr(new, name, context.feature_type(ftype.channels))
     return new
@@ -510,7 +514,7 @@ def _restrict_pool_dense(head: FramePoolDense, context: RestrictionContext) -> F
 def is_platonic(model: nn.Module) -> bool:
     """Whether ``model`` is a Platonic Transformer (``platonic_*``, or a restriction of one)."""
     return isinstance(getattr(model, "frames", None), FiniteGroup) and all(
-        isinstance(b, PlatonicBlock) for b in getattr(model, "blocks", [None])
+        isinstance(b, Block) and isinstance(b.attn, PlatonicAttention) for b in getattr(model, "blocks", [None])
     )
 
 
@@ -563,7 +567,6 @@ def restrict_model_children(model: nn.Module, context: RestrictionContext) -> nn
     new = restrict_children(model, context)
     new.frames = H
     new.group = _symmetry(model, H)
-    new.rope = new.posenc if new.posenc.is_rotary else None
     if getattr(model, "token_type", None) is not None:
         new.token_type = context.feature_type(model.token_type.channels)
     new.config = dict(model.config, group=H.name, restricted_from=G.name)

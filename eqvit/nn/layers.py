@@ -102,7 +102,15 @@ class Block(nn.Module):
         self.mlp = mlp
         self.ls2 = ls2 if ls2 is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.in_type = self.out_type = getattr(attn, "in_type", None)
+
+    @property
+    def in_type(self):
+        """The attention's input type (None for plain features); the block maps it to itself."""
+        return getattr(self.attn, "in_type", None)
+
+    @property
+    def out_type(self):
+        return getattr(self.attn, "out_type", None)
 
     def forward(
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
