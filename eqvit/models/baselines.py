@@ -37,7 +37,7 @@ from eqvit.geometry.domain import PointDomain, parameter_dtype
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
-from eqvit.models.so3vit import build_so3vit
+from eqvit.models.so3vit import _create as create_so3vit
 from eqvit.models.vit import EquivariantViT
 from eqvit.utils import unknown_name_error
 
@@ -243,16 +243,8 @@ def _create_s2transformer(variant: str, **kwargs: Any) -> S2TransformerBaseline:
 
 
 def _create_vit_ape(variant: str, **kwargs: Any) -> EquivariantViT:
-    options = pop_options(kwargs)
-    model = build_so3vit(**strip_timm_kwargs(kwargs))
-    return finish(
-        model,
-        variant,
-        options,
-        first_conv="tokenizer.proj",
-        classifier="head.proj",
-        image=False,
-    )
+    """SO3ViT's builder and timm config with the learned APE (the registered ``vit_ape_*`` defaults)."""
+    return create_so3vit(variant, **kwargs)
 
 
 @register_model
