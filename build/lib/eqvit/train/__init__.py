@@ -1,0 +1,27 @@
+"""Training: engine, metrics, checkpoints. Submodules load on first use."""
+
+import importlib
+
+_LAZY = {
+    "ClassifierHistory": "classify",
+    "fit_classifier": "classify",
+    "relative_lp_error": "metrics",
+    "latlon_quadrature_weights": "metrics",
+    "SphereErrorMap": "metrics",
+    "polar_error_ratio": "metrics",
+}
+
+__all__ = [
+    "ClassifierHistory",
+    "SphereErrorMap",
+    "fit_classifier",
+    "latlon_quadrature_weights",
+    "polar_error_ratio",
+    "relative_lp_error",
+]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
