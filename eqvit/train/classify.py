@@ -86,11 +86,12 @@ def classifier_config(
     lr: float = 1e-3,
     weight_decay: float = 0.05,
     seed: int = 0,
-    eval_every: int = 1,
+    eval_every: int | None = 1,
     device: str = "cpu",
 ):
     """The :class:`~eqvit.train.config.ExperimentConfig` of :func:`fit_classifier`: AdamW at a constant
-    LR, no gradient clipping, ``epochs`` epochs, validation every ``eval_every`` epochs."""
+    LR, no gradient clipping, ``epochs`` epochs, validation every ``eval_every`` epochs (``None``: only
+    after the last one)."""
     from eqvit.train.config import DataConfig, ExperimentConfig, ModelConfig, OptimConfig, ScheduleConfig, TrainConfig
 
     return ExperimentConfig(
@@ -98,7 +99,14 @@ def classifier_config(
         data=DataConfig(name="tensors", batch_size=batch_size),
         optim=OptimConfig(name="adamw", lr=lr, weight_decay=weight_decay, grad_clip=None),
         schedule=ScheduleConfig(name="constant", warmup_steps=0),
-        train=TrainConfig(max_epochs=epochs, eval_every_epochs=eval_every, seed=seed, device=device, log_every=10**9),
+        train=TrainConfig(
+            max_epochs=epochs,
+            eval_every=0,
+            eval_every_epochs=eval_every,
+            seed=seed,
+            device=device,
+            log_every=10**9,
+        ),
     )
 
 

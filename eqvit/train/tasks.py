@@ -589,6 +589,7 @@ class TensorClassificationTask(ClassificationTask):
     Args:
         num_classes: the number of logits (default: the model's ``out_chans``, else the largest
             label + 1).
+        shuffle: ``False`` visits the training set in its own order every epoch (full-batch fits).
     """
 
     def __init__(
@@ -602,7 +603,9 @@ class TensorClassificationTask(ClassificationTask):
         val_batch_size: int = 256,
         num_classes: int | None = None,
         model: nn.Module | None = None,
+        shuffle: bool = True,
     ) -> None:
+        self.shuffle = shuffle
         self.cfg = DataConfig(name="tensors", batch_size=batch_size, val_batch_size=val_batch_size, seed=seed)
         self.device = torch.device(device)
         self.train_set, self.val_set = TensorSplit(*train), TensorSplit(*val)
@@ -624,6 +627,8 @@ class TensorClassificationTask(ClassificationTask):
         self.prior = counts / counts.sum()
 
     def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(len(self.train_set))
         if self._order is None or self._order[0] > epoch:  # from the start (a resumed stream)
             self._generator.manual_seed(self.cfg.seed)
             self._order = (-1, torch.empty(0, dtype=torch.long))
