@@ -57,6 +57,10 @@ def load(name: str):
 def run(name: str, argv: Sequence[str] = ()) -> Any:
     """Run benchmark ``name`` with command-line arguments ``argv`` (as ``eqvit bench NAME ARGV...``)."""
     module = load(name)
+    if not {"-h", "--help"} & set(argv):  # outside a checkout the default results folder may not exist yet
+        from eqvit.bench._paths import results_dir
+
+        results_dir().mkdir(parents=True, exist_ok=True)
     saved = sys.argv
     sys.argv = [f"eqvit bench {name}", *argv]
     try:

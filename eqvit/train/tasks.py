@@ -587,8 +587,8 @@ class TensorClassificationTask(ClassificationTask):
     ``batch_size``; the scores are :class:`ClassificationTask`'s.
 
     Args:
-        num_classes: the number of logits (default: the model's ``out_chans``, else the largest
-            label + 1).
+        num_classes: the number of logits (default: the model's ``out_chans`` or ``num_classes``, else
+            the width of its output on one validation sample; without a model, the largest label + 1).
         shuffle: ``False`` visits the training set in its own order every epoch (full-batch fits).
     """
 
@@ -614,17 +614,30 @@ class TensorClassificationTask(ClassificationTask):
                 f"expected non-empty splits, got {len(self.train_set)} training and {len(self.val_set)} "
                 "validation samples"
             )
-        if num_classes is None:
-            num_classes = getattr(model, "out_chans", None) if model is not None else None
+        if num_classes is None and model is not None:
+            num_classes = getattr(model, "out_chans", None) or getattr(model, "num_classes", None)
+        if num_classes is None and model is not None:
+            num_classes = self._output_width(model)
         if num_classes is None:
             num_classes = int(max(self.train_set.labels.max(), self.val_set.labels.max())) + 1
-        self.classes = [str(k) for k in range(num_classes)]
+        self._set_classes(num_classes)
         self.steps_per_epoch = math.ceil(len(self.train_set) / batch_size)
         self.position = 0
         self._order: tuple[int, torch.Tensor] | None = None
         self._generator = torch.Generator().manual_seed(seed)
+
+    def _set_classes(self, num_classes: int) -> None:
+        self.classes = [str(k) for k in range(num_classes)]
         counts = torch.bincount(self.train_set.labels, minlength=num_classes).double()
         self.prior = counts / counts.sum()
+
+    @torch.no_grad()
+    def _output_width(self, model: nn.Module) -> int:
+        was_training = model.training
+        inputs, _ = _gather(self.val_set, torch.arange(1))
+        width = model.eval()(*(t.to(self.device) for t in inputs)).shape[-1]
+        model.train(was_training)
+        return int(width)
 
     def _epoch_order(self, epoch: int) -> torch.Tensor:
         if not self.shuffle:

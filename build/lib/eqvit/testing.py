@@ -139,11 +139,12 @@ def _check_arguments(tolerance: object, dtype: object, num_rotations: object, ba
     if tolerance is not None and (
         isinstance(tolerance, bool)
         or not isinstance(tolerance, numbers.Real)
-        or not math.isfinite(tolerance)
+        or math.isnan(tolerance)
         or tolerance < 0
     ):
         raise ValueError(
-            f"expected tolerance to be a finite number >= 0 (the bound on the relative error), got {tolerance!r}"
+            f"expected tolerance to be a number >= 0 (the bound on the relative error; inf only reports), "
+            f"got {tolerance!r}"
         )
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"expected dtype to be a floating-point torch dtype (e.g. torch.float64), got {dtype!r}")

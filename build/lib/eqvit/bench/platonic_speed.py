@@ -17,7 +17,8 @@ token (ours has none):
   (:class:`~eqvit.nn.tokenizers.icosphere.IcospherePatchEmbed`) + timm Blocks + LayerNorm +
   :class:`~eqvit.nn.tokenizers.icosphere.IcosphereUnpatchify`.
 
-Forward time: float32, CPU, ``eval()``, ``torch.no_grad``, batch 1 and 16; the two models of a
+Forward time: float32, CPU, ``eval()``, ``torch.no_grad``, the Platonic model in its inference form
+(``eqvit.fuse``), batch 1 and 16; the two models of a
 pair run alternately inside one loop (order swapped every round; at least ``--repeats`` rounds and
 enough to fill ``--min-seconds`` per pair, so millisecond cases get hundreds), and the table gives the median
 of each and the median of the per-round ratios ours / timm (issue target <= 1.15), with the load
@@ -283,7 +284,8 @@ def compare(
     repeats: int,
     min_seconds: float = 0.0,
 ) -> dict[str, Any]:
-    ours, inputs = _on_device(ours.eval(), inputs)
+    trained, inputs = _on_device(ours.eval(), inputs)
+    ours = eqvit.fuse(trained)  # the inference form: group-convolution weights and affines folded once
     ref = ref.to(DEVICE).eval()
     checks = {}
     if DEVICE.type == "cuda":
@@ -304,16 +306,16 @@ def compare(
         )
         peak = {who: forward_peak_mb(run(who, m)) for who, m in (("ours", ours), ("timm", ref))}
     load_after = os.getloadavg()[0]
-    G, H, D = total_heads(ours)
-    impls = sorted({m.impl for m in ours.modules() if isinstance(m, GroupConvLinear)})
+    G, H, D = total_heads(trained)
+    impls = sorted({m.impl for m in trained.modules() if isinstance(m, GroupConvLinear)})
     row = {
         "case": name,
         "batch": batch,
         "group_order": G,
-        "tokens": num_tokens(ours, inputs),
+        "tokens": num_tokens(trained, inputs),
         "width": ours.embed_dim,
         "depth": len(ours.blocks),
-        "mlp_ratio": mlp_ratio_of(ours),
+        "mlp_ratio": mlp_ratio_of(trained),
         "heads_total": G * H,
         "head_dim": D,
         "linear_impls": impls,
@@ -321,7 +323,7 @@ def compare(
         "timm_s": statistics.median(t_ref),
         "ratio_of_medians": statistics.median(t_ours) / statistics.median(t_ref),
         "ratio_median": statistics.median(a / b for a, b in zip(t_ours, t_ref)),
-        "ours_params": count_params(ours),
+        "ours_params": count_params(trained),
         "timm_params": count_params(ref),
         "ours_gflops": flops(ours, inputs) / 1e9,
         "timm_gflops": flops(ref, inputs) / 1e9,

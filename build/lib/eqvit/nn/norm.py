@@ -16,7 +16,7 @@ It can after a reflection. Centring removes the component along ``u`` (the unit 
 evenly over the centre coordinates); ``F.layer_norm`` removes the component along ``e = 1/sqrt(dim)``.
 The Householder reflection ``H = I - 2 v v^T`` with ``v = (u - e) / |u - e|`` swaps them, so
 ``F.layer_norm(H x) = H z / rms(z)``. A model that keeps its residual stream in the reflected basis
-``H x`` (:class:`~eqvit.models.vit.IrrepViT`) therefore normalises with one ``F.layer_norm``, like
+``H x`` (the inference form, :func:`eqvit.fuse`) therefore normalises with one ``F.layer_norm``, like
 timm (:meth:`IrrepLayerNorm.normalize_reflected`); the layers that read the norm fold ``H``,
 ``gamma`` and ``beta`` into their weights (:meth:`IrrepLayerNorm.fold`), those that write into the
 stream fold ``H`` (:meth:`IrrepLayerNorm.fold_output`), once per weight update.
