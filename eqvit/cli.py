@@ -101,18 +101,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    import runpy
-    from pathlib import Path
+    from eqvit import bench
 
-    folder = Path(__file__).resolve().parents[1] / "benchmarks"
-    scripts = sorted(p.stem for p in folder.glob("*.py")) if folder.is_dir() else []
-    if args.name not in scripts:
-        from eqvit.utils import unknown_name_error
-
-        raise unknown_name_error(f"benchmark (in {folder})", args.name, scripts)
-    sys.argv = [str(folder / f"{args.name}.py"), *args.bench_args]
-    runpy.run_path(str(folder / f"{args.name}.py"), run_name="__main__")
-    return 0
+    if args.name is None:
+        width = max(map(len, bench.BENCHMARKS))
+        for name in bench.list_benchmarks():
+            print(f"{name:<{width}}  {bench.BENCHMARKS[name]}")
+        print("run one with: eqvit bench NAME [args] (NAME --help for its options)")
+        return 0
+    bench.load(args.name)  # an unknown name is a ValueError listing the valid ones, before anything runs
+    result = bench.run(args.name, args.bench_args)
+    return result if isinstance(result, int) else 0
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
@@ -225,8 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser("bench", help="run a script from benchmarks/ (extra arguments are passed on)")
-    p.add_argument("name", help="benchmark name, e.g. so3vit_vs_s2transformer")
+    p = sub.add_parser("bench", help="list the benchmarks, or run one (extra arguments are passed on)")
+    p.add_argument("name", nargs="?", help="benchmark name, e.g. so3vit_vs_s2transformer (none: list them)")
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_bench)
 

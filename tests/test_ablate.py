@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ABLATE = Path(__file__).resolve().parents[1] / "benchmarks" / "ablate.py"
-
 
 @pytest.fixture(scope="module")
 def ablate():
-    spec = importlib.util.spec_from_file_location("ablate", ABLATE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ablate"] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("ablate", None)
+    from eqvit.bench import ablate
+
+    return ablate
 
 
 def test_cell_store_persists_and_resumes(ablate, tmp_path):

@@ -1,17 +1,12 @@
-"""benchmarks/_device.py: device choice, autocast, the flash-attention check (CUDA parts skip without CUDA)."""
+"""eqvit.bench.device: device choice, autocast, the flash-attention check (CUDA parts skip without CUDA)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import _device
+from eqvit.bench import device as _device
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")

@@ -3,7 +3,12 @@
 import importlib
 
 _LAZY = {
+    "Callback": "engine",
     "ClassifierHistory": "classify",
+    "EarlyStopping": "engine",
+    "Task": "tasks",
+    "TensorClassificationTask": "tasks",
+    "Trainer": "engine",
     "fit_classifier": "classify",
     "relative_lp_error": "metrics",
     "latlon_quadrature_weights": "metrics",
@@ -12,8 +17,13 @@ _LAZY = {
 }
 
 __all__ = [
+    "Callback",
     "ClassifierHistory",
+    "EarlyStopping",
     "SphereErrorMap",
+    "Task",
+    "TensorClassificationTask",
+    "Trainer",
     "fit_classifier",
     "latlon_quadrature_weights",
     "polar_error_ratio",

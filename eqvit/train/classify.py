@@ -1,20 +1,22 @@
-"""A small image-classification loop for the O(2)-subgroup ViTs (seed App. F defaults).
+"""Image / point-cloud classification on in-memory tensors, through the one training engine.
 
-AdamW (lr 1e-3, betas 0.9 / 0.999, weight decay 0.05), unweighted cross-entropy, mean accuracy on
-the validation set after every epoch, early stopping on validation accuracy, and optional gradual
-symmetry breaking (:class:`~eqvit.models.restrict.SymmetryRelaxation`).
+:func:`fit_classifier` is the O(2) seed's App. F recipe (AdamW lr 1e-3, betas 0.9 / 0.999, weight
+decay 0.05, unweighted cross-entropy, validation accuracy after every epoch, early stopping on it,
+optional gradual symmetry breaking with :class:`~eqvit.models.restrict.SymmetryRelaxation`) run by
+:class:`~eqvit.train.engine.Trainer` on a :class:`~eqvit.train.tasks.TensorClassificationTask`, with the
+:class:`~eqvit.train.engine.EarlyStopping` callback and :class:`ClassifierHistoryCallback`, which keeps
+the per-epoch history the benchmarks report.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from eqvit.models.restrict import SymmetryRelaxation
+from eqvit.train.engine import Callback, EarlyStopping, Trainer
 
 
 @dataclass
@@ -36,6 +38,35 @@ class ClassifierHistory:
         return len(self.train_loss)
 
 
+class ClassifierHistoryCallback(Callback):
+    """Fills a :class:`ClassifierHistory`: the sample-weighted mean training loss of each epoch, the
+    group after it, and the validation accuracy of the epochs that were evaluated (NaN otherwise)."""
+
+    def __init__(self, early_stopping: EarlyStopping | None = None) -> None:
+        self.history = ClassifierHistory()
+        self.early_stopping = early_stopping
+        self._total, self._count = 0.0, 0
+
+    def on_step(self, trainer: Trainer, loss: float) -> None:
+        self._total += loss * trainer.last_batch_size
+        self._count += trainer.last_batch_size
+        if trainer.step % trainer.task.steps_per_epoch == 0:
+            self.history.train_loss.append(self._total / self._count)
+            self.history.val_accuracy.append(float("nan"))
+            self.history.group.append(getattr(getattr(trainer.model, "group", None), "name", "none"))
+            self._total, self._count = 0.0, 0
+
+    def on_evaluate(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        epoch = -(-trainer.step // trainer.task.steps_per_epoch) - 1
+        if 0 <= epoch < len(self.history.val_accuracy):
+            self.history.val_accuracy[epoch] = metrics["accuracy"]
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        stop = self.early_stopping
+        if stop is not None and stop.best_state is not None:
+            self.history.best_epoch = -(-stop.best_step // trainer.task.steps_per_epoch) - 1
+
+
 @torch.no_grad()
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> float:
     """Fraction of correct argmax predictions (eval mode)."""
@@ -48,8 +79,35 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     return correct / max(len(x), 1)
 
 
-def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
+def classifier_config(
+    *,
+    epochs: int,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    weight_decay: float = 0.05,
+    seed: int = 0,
+    eval_every: int | None = 1,
+    device: str = "cpu",
+):
+    """The :class:`~eqvit.train.config.ExperimentConfig` of :func:`fit_classifier`: AdamW at a constant
+    LR, no gradient clipping, ``epochs`` epochs, validation every ``eval_every`` epochs (``None``: only
+    after the last one)."""
+    from eqvit.train.config import DataConfig, ExperimentConfig, ModelConfig, OptimConfig, ScheduleConfig, TrainConfig
+
+    return ExperimentConfig(
+        model=ModelConfig(name="model"),
+        data=DataConfig(name="tensors", batch_size=batch_size),
+        optim=OptimConfig(name="adamw", lr=lr, weight_decay=weight_decay, grad_clip=None),
+        schedule=ScheduleConfig(name="constant", warmup_steps=0),
+        train=TrainConfig(
+            max_epochs=epochs,
+            eval_every=0,
+            eval_every_epochs=eval_every,
+            seed=seed,
+            device=device,
+            log_every=10**9,
+        ),
+    )
 
 
 def fit_classifier(
@@ -62,55 +120,49 @@ def fit_classifier(
     lr: float = 1e-3,
     weight_decay: float = 0.05,
     patience: int | None = None,
-    relaxation: SymmetryRelaxation | None = None,
+    relaxation: Any = None,
     seed: int = 0,
     eval_every: int = 1,
+    callbacks: tuple[Callback, ...] = (),
 ) -> tuple[nn.Module, ClassifierHistory]:
     """Train ``model`` on ``train = (x, y)``; returns the best model (by validation accuracy) and the history.
 
     The validation accuracy is computed every ``eval_every`` epochs and after the last one; early
     stopping ends the run when ``patience`` epochs have passed since the best evaluation.
 
-    With ``relaxation``, the model is restricted to a subgroup at the scheduled epochs (the same
-    function, so the loss is continuous there) and the optimizer restarts.
+    With ``relaxation`` (a :class:`~eqvit.models.restrict.SymmetryRelaxation`), the model is restricted
+    to a subgroup at the scheduled epochs (the same function, so the loss is continuous there) and the
+    optimizer restarts: the Trainer's ``model.relaxation``, the same :func:`eqvit.restrict` call.
+    ``callbacks``: more :class:`~eqvit.train.engine.Callback` objects for the run.
     """
     if epochs < 1:
         raise ValueError(f"expected epochs >= 1, got {epochs}")
     if eval_every < 1:
         raise ValueError(f"expected eval_every >= 1, got {eval_every}")
-    x, y = train
-    gen = torch.Generator().manual_seed(seed)
-    opt = _optimizer(model, lr, weight_decay)
-    history = ClassifierHistory()
-    best_state, best = None, -1.0
-    for epoch in range(epochs):
-        if relaxation is not None:
-            model, changed = relaxation.step(model, epoch)
-            if changed:
-                opt = _optimizer(model, lr, weight_decay)
-                best_state, best = None, -1.0  # earlier checkpoints belong to another architecture
-        model.train()
-        perm = torch.randperm(len(x), generator=gen)
-        total, count = 0.0, 0
-        for start in range(0, len(x), batch_size):
-            idx = perm[start : start + batch_size]
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-            count += len(idx)
-        history.train_loss.append(total / count)
-        history.group.append(getattr(getattr(model, "group", None), "name", "none"))
-        if (epoch + 1) % eval_every and epoch + 1 < epochs:
-            history.val_accuracy.append(float("nan"))
-            continue
-        acc = accuracy(model, *val)
-        history.val_accuracy.append(acc)
-        if acc > best:
-            best, history.best_epoch, best_state = acc, epoch, copy.deepcopy(model.state_dict())
-        elif patience is not None and epoch - history.best_epoch >= patience:
-            break
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    return model, history
+    from eqvit.train.tasks import TensorClassificationTask
+
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    config = classifier_config(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=weight_decay,
+        seed=seed,
+        eval_every=eval_every,
+        device=device.type,
+    )
+    task = TensorClassificationTask(train, val, batch_size=batch_size, seed=seed, device=device, model=model)
+    stopping = EarlyStopping(patience)
+    recorder = ClassifierHistoryCallback(stopping)
+    trainer = Trainer(
+        config,
+        progress=False,
+        model=model,
+        task=task,
+        callbacks=(stopping, recorder, *callbacks),
+        relaxation=relaxation,
+        write=False,
+    )
+    trainer.fit()
+    return trainer.model, recorder.history

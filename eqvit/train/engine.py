@@ -7,6 +7,13 @@ latter), evaluates against the task's baseline (persistence; the majority class)
 ``OUT``: ``last.safetensors`` + ``last.json`` (checkpoint), ``metrics.json``, ``history.csv``,
 ``evals.json``, ``loss_curve.png`` and the task's plots (``error_map.png``; ``confusion.png``).
 
+The same ``Trainer`` trains a model object on any :class:`~eqvit.train.tasks.Task` (``Trainer(config,
+model=..., task=..., callbacks=..., write=False)``): :func:`eqvit.train.classify.fit_classifier` is that,
+with :class:`~eqvit.train.tasks.TensorClassificationTask` and the :class:`EarlyStopping` callback.
+Callbacks (:class:`Callback`) see the run at fixed points (start, each step, each evaluation, each
+restriction, the end of training, the final summary) and may stop it; the reports (``metrics.json``,
+the curves, the task's plots) are one such callback, :class:`ReportWriter`.
+
 ``model.relaxation`` breaks symmetry gradually: at the scheduled steps / epochs the O(2)-subgroup
 ViT is replaced by its restriction to a subgroup (the same function; the optimiser restarts), and
 checkpoints record the restrictions so that resuming and ``evaluate_checkpoint`` rebuild them.
@@ -27,7 +34,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,8 +57,8 @@ from eqvit.train.checkpoint import (
     prepare_output_dir,
     save_checkpoint,
 )
-from eqvit.train.config import ConfigError, ExperimentConfig, ScheduleConfig
-from eqvit.train.tasks import build_task, check_dataset_name
+from eqvit.train.config import ConfigError, ExperimentConfig, RelaxationConfig, ScheduleConfig
+from eqvit.train.tasks import Task, build_task, check_dataset_name
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 
@@ -224,18 +231,130 @@ def restrict_model(model: nn.Module, subgroup: str) -> nn.Module:
         return restrict(model, subgroup).to(device)
 
 
+class Callback:
+    """Hooks into a :class:`Trainer` run; every method is optional (the defaults do nothing).
+
+    A callback may set ``trainer.should_stop = True`` (training ends after the current step) and may
+    change the model's weights in ``on_train_end`` (then it sets ``trainer.last_eval = None`` so that
+    the final evaluation is recomputed).
+    """
+
+    def on_start(self, trainer: Trainer) -> None:
+        """After the baseline is scored, before the first step."""
+
+    def on_step(self, trainer: Trainer, loss: float) -> None:
+        """After each optimiser step (``trainer.step`` counts it; ``trainer.last_batch_size`` samples)."""
+
+    def on_evaluate(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        """After each validation (the periodic ones and the one after the last step)."""
+
+    def on_relax(self, trainer: Trainer, subgroup: str) -> None:
+        """After the model was replaced by its restriction to ``subgroup`` (a fresh optimiser too)."""
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        """After the last step and its evaluation, before the final evaluation and the reports."""
+
+    def on_finish(self, trainer: Trainer, summary: dict[str, Any], final: dict[str, Any]) -> None:
+        """With the run's summary and the full final evaluation (rank 0 and all others)."""
+
+
+class EarlyStopping(Callback):
+    """Keep the best model by the task's monitored metric; stop after ``patience`` epochs without a better one.
+
+    At the end of training the best weights are loaded back into the model. A restriction
+    (``model.relaxation``) forgets the best so far: its weights belong to another architecture.
+    ``patience=None`` never stops early (but still restores the best). ``unit``: ``"epoch"`` (tasks
+    with epochs) or ``"step"``.
+    """
+
+    def __init__(self, patience: int | None = None, unit: str = "epoch") -> None:
+        if patience is not None and patience < 0:
+            raise ValueError(f"expected patience >= 0 or None, got {patience}")
+        if unit not in ("epoch", "step"):
+            raise ValueError(f"expected unit 'epoch' or 'step', got {unit!r}")
+        self.patience, self.unit = patience, unit
+        self.best: float | None = None
+        self.best_step = -1
+        self.best_state: dict[str, torch.Tensor] | None = None
+
+    def _better(self, value: float, mode: str) -> bool:
+        return self.best is None or (value > self.best if mode == "max" else value < self.best)
+
+    def on_evaluate(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        import copy
+
+        value = metrics[trainer.task.monitor]
+        if self._better(value, trainer.task.monitor_mode):
+            self.best, self.best_step = value, trainer.step
+            self.best_state = copy.deepcopy(trainer.model.state_dict())
+            return
+        if self.patience is None:
+            return
+        scale = trainer.task.steps_per_epoch if self.unit == "epoch" else 1
+        if scale is None:
+            raise ValueError("EarlyStopping(unit='epoch') needs a task with epochs; use unit='step'")
+        if trainer.step - self.best_step >= self.patience * scale:
+            trainer.should_stop = True
+
+    def on_relax(self, trainer: Trainer, subgroup: str) -> None:
+        self.best, self.best_step, self.best_state = None, -1, None
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.best_state is not None:
+            trainer.model.load_state_dict(self.best_state)
+            trainer.last_eval = None
+
+
+class ReportWriter(Callback):
+    """Writes what a person looks at (rank 0): ``metrics.json``, ``history.csv``, ``evals.json``,
+    ``loss_curve.png`` and the task's plots, and prints the summary table."""
+
+    def on_finish(self, trainer: Trainer, summary: dict[str, Any], final: dict[str, Any]) -> None:
+        if trainer.dist.is_main:
+            trainer._write_reports(summary, final, trainer.baseline)
+
+
 class Trainer:
     """One training run; see the module docstring.
 
     Args:
-        config: the validated experiment config.
+        config: the validated experiment config (for a given ``model`` / ``task``, the optimiser,
+            schedule, horizon, evaluation cadence and relaxation still come from it).
         out_dir: output folder (default ``config.train.out``).
         progress: show tqdm and print the summary (rank 0 only).
+        model: train this model instead of building ``config.model`` (the global RNG is left alone).
+        task: train on this :class:`~eqvit.train.tasks.Task` instead of building ``config.data``'s.
+        callbacks: :class:`Callback` objects, called in order (after the :class:`ReportWriter` when
+            ``write``).
+        relaxation: a :class:`~eqvit.models.restrict.SymmetryRelaxation` (``{epoch: subgroup}``), the
+            same as ``config.model.relaxation`` with unit ``epoch`` (give one or the other).
+        write: write checkpoints, reports and TensorBoard logs into ``out_dir`` (``False``: nothing
+            touches the disk, for in-memory runs such as :func:`~eqvit.train.classify.fit_classifier`).
     """
 
-    def __init__(self, config: ExperimentConfig, out_dir: str | Path | None = None, progress: bool = True) -> None:
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        out_dir: str | Path | None = None,
+        progress: bool = True,
+        *,
+        model: nn.Module | None = None,
+        task: Task | None = None,
+        callbacks: Sequence[Callback] = (),
+        relaxation: Any = None,
+        write: bool = True,
+    ) -> None:
         self.config = config
         tcfg = config.train
+        self.write = write
+        self.callbacks: list[Callback] = [*([ReportWriter()] if write else []), *callbacks]
+        self.should_stop = False
+        self.last_eval: tuple[int, dict[str, Any]] | None = None  # (step, metrics) of the latest evaluation
+        self.last_batch_size = 0
+        if relaxation is not None:
+            if config.model.relaxation.schedule:
+                raise ValueError("give the relaxation schedule once: model.relaxation or relaxation=, not both")
+            config.model.relaxation = RelaxationConfig(unit="epoch", schedule=dict(relaxation.schedule))
         self.out = Path(out_dir or tcfg.out)
         self.device = torch.device(tcfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -251,15 +370,18 @@ class Trainer:
                 f"data.batch_size {config.data.batch_size} must be divisible by the {self.dist.world_size} processes"
             )
         self.progress = progress and self.dist.is_main
-        if self.dist.is_main:  # a folder that cannot take the checkpoint is found now, not after training
+        if self.dist.is_main and write:  # a folder that cannot take the checkpoint is found now, not after training
             prepare_output_dir(self.out)
-        check_dataset_name(config.data.name)
-        seed_everything(tcfg.seed)
-        self.model = build_model(config).to(self.device)
+        if task is None:
+            check_dataset_name(config.data.name)
+        if model is None:
+            seed_everything(tcfg.seed)
+            model = build_model(config)
+        self.model = model.to(self.device)
         # the effective builder arguments, recorded so that eval / resume can compare theirs
         self.model_config = normalise_model_config(getattr(self.model, "config", None) or {})
         check_relaxation(self.model, config.model.relaxation.schedule)
-        self.task = build_task(config.data, self.model, self.device)
+        self.task = task if task is not None else build_task(config.data, self.model, self.device)
         self.horizon = self._horizon()
         self.eval_every = self._eval_every()
         self.relaxations = relaxation_steps(config, self.task.steps_per_epoch)
@@ -331,11 +453,17 @@ class Trainer:
             )
 
     def _relax(self, subgroup: str) -> None:
-        self._set_model(restrict_model(self.model, subgroup))
+        """Restrict the model to ``subgroup`` (:func:`restrict_model`; nothing when it already is that group)."""
+        current = getattr(self.model, "frames", None) or self.model.group  # Platonic models restrict their frames
+        if current.name != subgroup:
+            self._set_model(restrict_model(self.model, subgroup).train(self.model.training))
+            self.last_eval = None
+            for callback in self.callbacks:
+                callback.on_relax(self, subgroup)
         self.relaxed.append(subgroup)
 
     def _tensorboard(self):
-        if not self.dist.is_main:
+        if not self.dist.is_main or not self.write:
             return None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -347,7 +475,9 @@ class Trainer:
         return {"rng.torch": torch.get_rng_state(), "rng.data": self.task.data_state()}
 
     def save(self, metrics: dict[str, Any] | None = None) -> None:
-        """Atomically write ``OUT/last.safetensors`` + ``OUT/last.json`` (rank 0)."""
+        """Atomically write ``OUT/last.safetensors`` + ``OUT/last.json`` (rank 0; nothing without ``write``)."""
+        if not self.write:
+            return
         if self.dist.is_main:
             extra = {
                 "history": {"train": self.history.train, "evals": self.history.evals},
@@ -444,6 +574,7 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate(ocfg.lr, self.config.schedule, frac, self.step)
         x, y = self._local_batch()
+        self.last_batch_size = len(y) * self.dist.world_size
         with self._autocast(), self._sdpa_context():
             loss = self.task.loss(_call(self.network, x).float(), y)
         self.optimizer.zero_grad(set_to_none=True)
@@ -467,6 +598,18 @@ class Trainer:
         with self._autocast():
             return self.task.evaluate(self.model)
 
+    def _validate(self, schedule: bool = True) -> dict[str, Any]:
+        """Evaluate, record the row and tell the callbacks (the periodic evaluations and the last one;
+        ``schedule``: let the plateau schedule see it)."""
+        metrics = self.evaluate()
+        self.last_eval = (self.step, metrics)
+        self.history.evals.append(_eval_row(self.step, metrics))
+        if schedule and self.plateau is not None:
+            self.plateau.step(metrics[self.task.monitor])
+        for callback in self.callbacks:
+            callback.on_evaluate(self, metrics)
+        return metrics
+
     def fit(self, max_steps: int | None = None, max_minutes: float | None = None) -> dict[str, Any]:
         """Train, then evaluate and write the reports (``start``, ``train_for``, ``finish``)."""
         self.start(max_steps, max_minutes)
@@ -484,7 +627,7 @@ class Trainer:
         self.stop_step = max_steps if max_steps is not None else self.horizon
         if max_minutes is not None:
             tcfg.max_minutes = max_minutes
-        if self.dist.is_main:
+        if self.dist.is_main and self.write:
             self.out.mkdir(parents=True, exist_ok=True)
         self.baseline = self.task.evaluate(None)
         # A time budget that binds before the step limit gets a bar in seconds, not in steps.
@@ -503,12 +646,14 @@ class Trainer:
             dynamic_ncols=True,
         )
         self._running: float | None = None
+        for callback in self.callbacks:
+            callback.on_start(self)
 
     @property
     def done(self) -> bool:
         tcfg = self.config.train
         out_of_time = tcfg.max_minutes is not None and self.train_seconds >= 60 * tcfg.max_minutes
-        return self.step >= self.stop_step or out_of_time
+        return self.step >= self.stop_step or out_of_time or self.should_stop
 
     def train_for(self, seconds: float) -> bool:
         """Train for about ``seconds`` of step time (or until done); returns ``done``."""
@@ -524,6 +669,8 @@ class Trainer:
                 self.history.train.append({"step": self.step, "time_s": self.train_seconds, "loss": loss})
                 if self.writer is not None:
                     self.writer.add_scalar("train/loss", loss, self.step)
+                for callback in self.callbacks:
+                    callback.on_step(self, loss)
                 self.bar.update(round(self.train_seconds) - self.bar.n if self._bar_in_seconds else 1)
                 if self.step % tcfg.log_every == 0:
                     rate = self.config.data.batch_size * len(self.history.train) / max(self.train_seconds, 1e-9)
@@ -532,10 +679,7 @@ class Trainer:
                         step=self.step, loss=f"{self._running:.4f}", lr=f"{lr:.1e}", samples_s=f"{rate:.2f}"
                     )
                 if self.eval_every and self.step % self.eval_every == 0:
-                    metrics = self.evaluate()
-                    self.history.evals.append(_eval_row(self.step, metrics))
-                    if self.plateau is not None:
-                        self.plateau.step(metrics[self.task.monitor])
+                    self._validate()
                 if tcfg.checkpoint_every and self.step % tcfg.checkpoint_every == 0:
                     self.save()
         except KeyboardInterrupt:
@@ -551,9 +695,16 @@ class Trainer:
         """Final evaluation, checkpoint and reports; returns the summary (the full evaluation, with
         non-scalar results such as the error map, stays in ``self.final_evaluation``)."""
         self.bar.close()
-        final = self.final_evaluation = self.evaluate()
-        if not self.history.evals or self.history.evals[-1]["step"] != self.step:
-            self.history.evals.append(_eval_row(self.step, final))
+        if self.last_eval is None or self.last_eval[0] != self.step:  # the model as trained, after its last step
+            if self.history.evals and self.history.evals[-1]["step"] == self.step:
+                self.last_eval = (self.step, self.evaluate())  # scored before a resume: the row is there
+            else:
+                self._validate(schedule=False)
+        for callback in self.callbacks:
+            callback.on_train_end(self)
+        if self.last_eval is None or self.last_eval[0] != self.step:  # a callback changed the weights
+            self.last_eval = (self.step, self.evaluate())
+        final = self.final_evaluation = self.last_eval[1]
         task, monitor = self.task, self.task.monitor
         pick = max if task.monitor_mode == "max" else min
         best = pick(self.history.evals, key=lambda row: row[monitor])
@@ -575,8 +726,8 @@ class Trainer:
         }
         summary.update(task.summary(final, self.baseline))
         self.save(metrics=summary["metrics"])
-        if self.dist.is_main:
-            self._write_reports(summary, final, self.baseline)
+        for callback in self.callbacks:
+            callback.on_finish(self, summary, final)
         return summary
 
     def _write_reports(self, summary: dict[str, Any], final: dict[str, Any], baseline: dict[str, Any]) -> None:

@@ -13,6 +13,9 @@ A task owns the data for one model's domain. The engine uses:
 * ``summary(final, baseline)``, ``table(rows)``, ``verdict(summary)`` and ``write_plots(final, out,
   name)`` for the reports.
 
+:class:`Task` is that list as a typed protocol. In-memory tensors are a task too
+(:class:`TensorClassificationTask`, what :func:`eqvit.train.classify.fit_classifier` trains on).
+
 The dataset name (``data.name``) decides the task: ``shallow_water`` (SO3ViT on icosphere
 vertices, the S2Transformer baseline on the lat-lon grid, the same dynamics), or one of the
 classification datasets in :data:`CLASSIFICATION_DATASETS` (add one with
@@ -27,7 +30,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -35,6 +38,45 @@ from torch import nn
 
 from eqvit.train.config import DataConfig
 from eqvit.utils import unknown_name_error
+
+Inputs = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the :class:`~eqvit.train.engine.Trainer` needs of a task (see the module docstring).
+
+    Data: ``train_batch``, ``steps_per_epoch``, ``data_state`` / ``load_data_state``. Loss: ``loss``.
+    Metrics and evaluation: ``evaluate`` (``None``: the baseline ``baseline_name``), ``monitor`` /
+    ``monitor_mode`` (the metric early stopping and the plateau schedule follow). Reports: ``summary``,
+    ``table``, ``verdict``, ``write_plots`` and the curve labels.
+    """
+
+    baseline_name: str
+    monitor: str
+    monitor_mode: str  # "min" | "max"
+    steps_per_epoch: int | None
+    loss_label: str
+    loss_log_scale: bool
+    curve_label: str
+
+    def train_batch(self) -> tuple[Inputs, torch.Tensor]: ...
+
+    def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+    def evaluate(self, model: nn.Module | None) -> dict[str, Any]: ...
+
+    def data_state(self) -> torch.Tensor: ...
+
+    def load_data_state(self, state: torch.Tensor) -> None: ...
+
+    def summary(self, final: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]: ...
+
+    def table(self, rows: list[tuple[str, dict[str, Any]]]) -> str: ...
+
+    def verdict(self, summary: dict[str, Any]) -> str: ...
+
+    def write_plots(self, final: dict[str, Any], out: Path, name: str) -> list[str]: ...
 
 
 def _model_name(model: nn.Module) -> str:
@@ -534,6 +576,78 @@ class ClassificationTask:
             final["confusion"], self.classes, out / "confusion.png", f"{name}: accuracy {100 * final['accuracy']:.2f}%"
         )
         return ["confusion.png"]
+
+
+class TensorClassificationTask(ClassificationTask):
+    """Classification of in-memory tensors: ``train = (inputs, labels)``, ``val = (inputs, labels)``.
+
+    ``inputs`` is a tensor or a tuple of tensors (the model is called as ``model(*inputs)``). Each
+    epoch visits the training set in the order of one ``torch.randperm`` drawn from a generator
+    seeded once with ``seed`` (epoch after epoch from the same generator), in batches of
+    ``batch_size``; the scores are :class:`ClassificationTask`'s.
+
+    Args:
+        num_classes: the number of logits (default: the model's ``out_chans`` or ``num_classes``, else
+            the width of its output on one validation sample; without a model, the largest label + 1).
+        shuffle: ``False`` visits the training set in its own order every epoch (full-batch fits).
+    """
+
+    def __init__(
+        self,
+        train: tuple[Inputs, torch.Tensor],
+        val: tuple[Inputs, torch.Tensor],
+        *,
+        batch_size: int = 64,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        val_batch_size: int = 256,
+        num_classes: int | None = None,
+        model: nn.Module | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        self.shuffle = shuffle
+        self.cfg = DataConfig(name="tensors", batch_size=batch_size, val_batch_size=val_batch_size, seed=seed)
+        self.device = torch.device(device)
+        self.train_set, self.val_set = TensorSplit(*train), TensorSplit(*val)
+        if len(self.train_set) == 0 or len(self.val_set) == 0:
+            raise ValueError(
+                f"expected non-empty splits, got {len(self.train_set)} training and {len(self.val_set)} "
+                "validation samples"
+            )
+        if num_classes is None and model is not None:
+            num_classes = getattr(model, "out_chans", None) or getattr(model, "num_classes", None)
+        if num_classes is None and model is not None:
+            num_classes = self._output_width(model)
+        if num_classes is None:
+            num_classes = int(max(self.train_set.labels.max(), self.val_set.labels.max())) + 1
+        self._set_classes(num_classes)
+        self.steps_per_epoch = math.ceil(len(self.train_set) / batch_size)
+        self.position = 0
+        self._order: tuple[int, torch.Tensor] | None = None
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def _set_classes(self, num_classes: int) -> None:
+        self.classes = [str(k) for k in range(num_classes)]
+        counts = torch.bincount(self.train_set.labels, minlength=num_classes).double()
+        self.prior = counts / counts.sum()
+
+    @torch.no_grad()
+    def _output_width(self, model: nn.Module) -> int:
+        was_training = model.training
+        inputs, _ = _gather(self.val_set, torch.arange(1))
+        width = model.eval()(*(t.to(self.device) for t in inputs)).shape[-1]
+        model.train(was_training)
+        return int(width)
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(len(self.train_set))
+        if self._order is None or self._order[0] > epoch:  # from the start (a resumed stream)
+            self._generator.manual_seed(self.cfg.seed)
+            self._order = (-1, torch.empty(0, dtype=torch.long))
+        while self._order[0] < epoch:
+            self._order = (self._order[0] + 1, torch.randperm(len(self.train_set), generator=self._generator))
+        return self._order[1]
 
 
 TASKS = {"shallow_water": ShallowWaterTask}

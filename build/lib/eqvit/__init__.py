@@ -1,0 +1,23 @@
+"""eqvit: group-equivariant Vision Transformers for PyTorch.
+
+``eqvit.create_model(name, **kwargs)`` builds a registered model; after ``import eqvit``,
+``timm.create_model(name)`` builds the same one.
+"""
+
+from eqvit import groups
+from eqvit.fuse import fuse
+from eqvit.models import EquivariantViT, create_model, list_models, register_model
+from eqvit.models.restrict import restrict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EquivariantViT",
+    "__version__",
+    "create_model",
+    "fuse",
+    "groups",
+    "list_models",
+    "register_model",
+    "restrict",
+]

@@ -1,0 +1,3 @@
+from eqvit.cli import main
+
+raise SystemExit(main())

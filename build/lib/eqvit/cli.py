@@ -1,0 +1,274 @@
+"""Command line interface: ``eqvit`` / ``python -m eqvit``.
+
+Every user error (bad config, unknown model, corrupt checkpoint, an output path that cannot be
+written) ends with a one-paragraph message and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _cmd_groups(args: argparse.Namespace) -> int:
+    from eqvit.groups import get_group, list_groups
+
+    names = args.names or list_groups(max_n=6)
+    print(f"{'group':<7} {'order':>5} {'d':>2}  {'classes':>7} {'subgroups':>9}  irreps (name:dim[type])")
+    for name in names:
+        G = get_group(name)
+        irreps = " ".join(f"{r.name}:{r.dim}{'c' if r.type == 'complex' else ''}" for r in G.irreps)
+        print(f"{G.name:<7} {G.order:>5} {G.dim:>2}  {len(G.conjugacy_classes):>7} {len(G.subgroups()):>9}  {irreps}")
+    print("(c = complex type; subgroups counted up to conjugacy)")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    import eqvit
+
+    for name in eqvit.list_models(args.pattern):
+        print(name)
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import eqvit
+
+    model = eqvit.create_model(args.model)
+    params = sum(p.numel() for p in model.parameters())
+    group = getattr(model, "group", None)
+    domain = getattr(model, "domain", None)
+    print(f"model        {args.model} ({type(model).__name__})")
+    print(f"parameters   {params:,} ({params / 1e6:.2f}M)")
+    print(f"group        {group.name + f' (order {group.order})' if group is not None else 'none (not equivariant)'}")
+    if domain is not None:
+        print(f"input        {domain.describe_input(model.in_chans)}")
+    print(f"output       {getattr(model, 'out_chans', '?')} channels ({getattr(model, 'output_action', 'same')})")
+    for key, value in sorted(getattr(model, "config", {}).items()):
+        print(f"  {key:<20} {value}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from eqvit.train.config import load_config
+    from eqvit.train.engine import train
+
+    config = load_config(args.config)
+    if args.checkpoint_every is not None:
+        config.train.checkpoint_every = args.checkpoint_every
+    if args.device is not None:
+        config.train.device = args.device
+    if args.amp:
+        config.train.amp = True
+    if args.compile:
+        config.train.compile = True
+    summary = train(
+        config,
+        out_dir=args.out,
+        max_steps=args.max_steps,
+        max_minutes=args.max_minutes,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
+    if summary["steps"] == 0:
+        print("eqvit: error: no training step was run", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from eqvit import bench
+
+    if args.name is None:
+        width = max(map(len, bench.BENCHMARKS))
+        for name in bench.list_benchmarks():
+            print(f"{name:<{width}}  {bench.BENCHMARKS[name]}")
+        print("run one with: eqvit bench NAME [args] (NAME --help for its options)")
+        return 0
+    bench.load(args.name)  # an unknown name is a ValueError listing the valid ones, before anything runs
+    result = bench.run(args.name, args.bench_args)
+    return result if isinstance(result, int) else 0
+
+
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from eqvit.models.zoo import zoo_markdown, zoo_rows
+
+    print(zoo_markdown(zoo_rows(args.pattern)))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from eqvit.train.checkpoint import check_output_file
+    from eqvit.train.config import load_config
+    from eqvit.train.engine import evaluate_checkpoint
+
+    config = load_config(args.config)
+    if args.json:  # found before the evaluation, not after it
+        check_output_file(args.json, "--json")
+    result = evaluate_checkpoint(config, args.checkpoint)
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from eqvit.train.checkpoint import export_weights
+
+    out, sidecar = export_weights(args.checkpoint, args.out)
+    model = (sidecar.get("config") or {}).get("model") or {}
+    name, kwargs = model.get("name", "<model name>"), model.get("kwargs") or {}
+    extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    print(f"wrote {out} (the model's state dict, step {sidecar.get('step', '?')})")
+    if sidecar.get("relaxed"):
+        print(
+            f"the run was restricted to {' -> '.join(sidecar['relaxed'])}: load it with "
+            f"eqvit.create_model({name!r}{extra}, checkpoint_path={str(out)!r}), which restricts the model first"
+        )
+    else:
+        print(f"load it with: import eqvit, timm; timm.create_model({name!r}{extra}, checkpoint_path={str(out)!r})")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    import eqvit
+    from eqvit.testing import EquivarianceError, assert_equivariant
+
+    model = eqvit.create_model(args.model)
+    try:
+        print(assert_equivariant(model))
+    except EquivarianceError as err:
+        print(err)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eqvit", description="Group-equivariant Vision Transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("groups", help="table of the finite groups and their irreps")
+    p.add_argument("names", nargs="*", help="group names (default: C1..C6, D1..D6, T, O, I)")
+    p.set_defaults(func=_cmd_groups)
+
+    p = sub.add_parser("list", help="registered models")
+    p.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'so3vit*'")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("zoo", help="markdown table of the registered models (family, group, params, input)")
+    p.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'platonic*'")
+    p.set_defaults(func=_cmd_zoo)
+
+    p = sub.add_parser("train", help="train from a YAML config")
+    p.add_argument("config", help="YAML experiment config, e.g. configs/o2vit_rotmnist.yaml")
+    p.add_argument("--out", help="output folder (default: train.out of the config)")
+    p.add_argument("--max-steps", type=_int_at_least(1), help="stop after N >= 1 steps")
+    p.add_argument("--max-minutes", type=_positive_float, help="stop after M > 0 minutes of training")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from OUT/last.safetensors if present")
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an OUT that already holds a run (replaces its checkpoint)",
+    )
+    p.add_argument(
+        "--checkpoint-every", type=_int_at_least(0), help="write a checkpoint every N steps (0: only at the end)"
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], help="override train.device")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="score a checkpoint on the validation set")
+    p.add_argument("config")
+    p.add_argument("--checkpoint", required=True, help="path to last.safetensors")
+    p.add_argument("--json", help="also write the metrics to this JSON file")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("export", help="write a checkpoint's model weights as a plain state dict (for timm)")
+    p.add_argument("checkpoint", help="path to last.safetensors")
+    p.add_argument(
+        "out", help="the .safetensors file to write; load it with timm.create_model(name, checkpoint_path=OUT)"
+    )
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("info", help="parameters, group, input shape and defaults of a model")
+    p.add_argument("model")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("bench", help="list the benchmarks, or run one (extra arguments are passed on)")
+    p.add_argument("name", nargs="?", help="benchmark name, e.g. so3vit_vs_s2transformer (none: list them)")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("check", help="run assert_equivariant on a registered model")
+    p.add_argument("model")
+    p.set_defaults(func=_cmd_check)
+    return parser
+
+
+def _one_paragraph(text: str) -> str:
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def _describe_os_error(err: OSError) -> str:
+    reason = err.strerror or str(err)
+    where = " ".join(f"'{f}'" for f in (err.filename, err.filename2) if f is not None)
+    hints = {
+        errno.ENOSPC: "free some space or choose another output folder",
+        errno.EACCES: "choose a folder you can write to",
+        errno.EPERM: "choose a folder you can write to",
+        errno.EROFS: "choose a folder on a writable file system",
+        errno.ENOTDIR: "a part of the path is a file, not a folder",
+        errno.EISDIR: "give a file name, not a folder",
+        errno.ENOENT: "check the path",
+    }
+    hint = hints.get(err.errno)
+    return _one_paragraph(f"{reason}{': ' + where if where else ''}{'; ' + hint if hint else ''}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eqvit.train.checkpoint import CheckpointError
+    from eqvit.train.config import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, CheckpointError, ValueError, FloatingPointError) as err:
+        print(f"eqvit: error: {_one_paragraph(str(err))}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path that cannot be read or written: permissions, a full disk, a file for a folder
+        print(f"eqvit: error: {_describe_os_error(err)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("eqvit: interrupted (a checkpoint was written if training had started)", file=sys.stderr)
+        return 130

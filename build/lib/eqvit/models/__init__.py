@@ -1,0 +1,12 @@
+"""Registered models. Importing this package registers every family (in timm's registry too)."""
+
+from eqvit.models import (
+    baselines,  # noqa: F401
+    o2vit,  # noqa: F401
+    platonic,  # noqa: F401
+    so3vit,  # noqa: F401  (registers the SO3ViT family)
+)
+from eqvit.models._registry import create_model, is_model, list_models, register_model
+from eqvit.models.vit import EquivariantViT
+
+__all__ = ["EquivariantViT", "create_model", "is_model", "list_models", "register_model"]

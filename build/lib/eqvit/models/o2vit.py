@@ -1,0 +1,229 @@
+"""ViTs equivariant to discrete subgroups of O(2) (O(2) seed): square D4 family, hexagonal D6 family.
+
+Tokens are G-patchified grid patches (Def. 3) embedded into ``V = 3q`` copies of the regular
+representation stored irrep-wise (eq. 2); invariant APE (Sec. 4.2.2), coupled or irrep-wise
+attention (Sec. 4.4), Fourier-nonlinearity MLPs over a multiset of homogeneous spaces (Sec. 4.3),
+a class token in the trivial irreps and the invariantisation head (Sec. 4.5). Configurations follow
+the seed's App. F; ``*_tiny`` exist so that the generic tests run every family.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from eqvit.geometry.domain import PointDomain
+from eqvit.geometry.hexagonal import HexPatchGrid
+from eqvit.geometry.square import square_grid
+from eqvit.groups import FiniteGroup, get_group
+from eqvit.models._checks import check_model_args
+from eqvit.models._registry import register_model, strip_timm_kwargs
+from eqvit.models._timm import finish, pop_options
+from eqvit.models.vit import EquivariantViT
+from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
+from eqvit.nn.irrep_attention import head_layout
+from eqvit.nn.irrep_blocks import InvariantHead, irrep_block
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.layers import Block
+from eqvit.nn.norm import IrrepLayerNorm
+from eqvit.nn.posenc.invariant import InvariantAPE
+from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer
+from eqvit.nn.tokenizers.square import SQUARE_GROUPS, SquarePatchTokenizer
+from eqvit.utils import unknown_name_error
+
+GRIDS = ("square", "hex")
+
+
+def o2_group(grid: str, group: str | FiniteGroup) -> FiniteGroup:
+    """The group ``group`` checked against the grid's family (D4 family for square, D6 for hex)."""
+    if isinstance(group, FiniteGroup):
+        return group
+    valid = SQUARE_GROUPS if grid == "square" else HEX_GROUPS
+    if group not in valid:
+        raise unknown_name_error(f"group for the {grid} grid", group, valid)
+    return get_group(group)
+
+
+def default_mlp_spaces(group: FiniteGroup, mlp_spaces: Sequence | None, copies: float) -> list:
+    """Default MLP G-set: ``copies`` regular orbits (the seed's default, Sec. 5.1)."""
+    if mlp_spaces is not None:
+        return [(s, int(n)) for s, n in mlp_spaces]
+    return [("regular", max(1, int(round(copies))))]
+
+
+def build_o2vit(
+    *,
+    grid: str = "square",
+    group: str | FiniteGroup = "D4",
+    attention: str = "coupled",
+    in_chans: int = 3,
+    num_classes: int = 38,
+    img_size: int = 256,
+    patch_size: int = 16,
+    n_patch_side: int = 9,
+    n_pixel_side: int = 9,
+    embed_dim: int | None = None,
+    regular_copies: int | None = None,
+    multiplicities: dict[str, int] | None = None,
+    depth: int = 6,
+    num_heads: int = 3,
+    mlp_ratio: float = 2.0,
+    mlp_spaces: Sequence | None = None,
+    qkv_bias: bool = True,
+    drop_rate: float = 0.0,
+    attn_drop_rate: float = 0.1,
+    drop_path_rate: float = 0.05,
+    head_drop_rate: float = 0.1,
+    fused_attn: bool = True,
+) -> EquivariantViT:
+    """Build an O(2)-subgroup ViT.
+
+    Args:
+        grid: ``"square"`` (input ``[B, C, img_size, img_size]``, D4 family) or ``"hex"`` (input
+            ``[B, C, P]`` on ``HexPatchGrid(n_patch_side, n_pixel_side)``, D6 family).
+        group: ``"D4"``, ``"C4"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (square) or ``"D6"``,
+            ``"C6"``, ``"D3"``, ``"C3"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (hex).
+        attention: ``"coupled"`` (``num_heads`` heads) or ``"irrepwise"`` (``num_heads`` per irrep).
+        embed_dim: total token width, a multiple of ``|G|``: V is ``embed_dim / |G|`` copies of the
+            regular representation (overrides ``regular_copies``). Without it, ``regular_copies``
+            (default ``num_heads``) copies; or explicit ``multiplicities`` ``{irrep: C_rho}``.
+        mlp_ratio: the MLP G-set is ``mlp_ratio * regular_copies`` regular orbits unless
+            ``mlp_spaces`` lists ``(subgroup indices | "regular" | "trivial", count)`` pairs.
+    """
+    config = dict(locals())
+    check_model_args(config)
+    if isinstance(group, FiniteGroup):
+        config["group"] = group.name
+    if grid not in GRIDS:
+        raise unknown_name_error("grid", grid, GRIDS)
+    G = o2_group(grid, group)
+    if multiplicities is not None:
+        ftype = FeatureType(G, multiplicities)
+        copies = ftype.dim / G.order
+        if embed_dim is not None and embed_dim != ftype.dim:
+            raise ValueError(f"embed_dim {embed_dim} does not match the feature type {ftype}")
+    else:
+        if embed_dim is not None:  # the total width wins over regular_copies
+            if embed_dim % G.order:
+                raise ValueError(
+                    f"embed_dim {embed_dim} must be a multiple of |{G.name}| = {G.order} "
+                    "(copies of the regular representation)"
+                )
+            regular_copies = embed_dim // G.order
+        elif regular_copies is None:
+            regular_copies = num_heads
+        ftype = FeatureType.regular(G, regular_copies)
+        copies = regular_copies
+    heads = head_layout(ftype, num_heads, attention)
+    act_type, act_basis, _ = homogeneous_fourier_basis(G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies))
+
+    if grid == "square":
+        tokenizer = SquarePatchTokenizer(G, img_size, patch_size, in_chans, ftype)
+        domain = PointDomain(
+            square_grid(img_size, img_size), shape=(img_size, img_size), name=f"the {img_size}x{img_size} square grid"
+        )
+        side = img_size // patch_size
+        token_grid = PointDomain(tokenizer.centers, shape=(side, side), name=f"the {side}x{side} patch grid")
+        reduction = patch_size
+    else:
+        hexgrid = HexPatchGrid(n_patch_side, n_pixel_side)
+        tokenizer = HexPatchTokenizer(G, hexgrid, in_chans, ftype)
+        domain = PointDomain(
+            hexgrid.points, name=f"the hexagonal grid ({n_patch_side}, {n_pixel_side}) with {hexgrid.num_points} points"
+        )
+        token_grid = PointDomain(tokenizer.centers, name=f"the {tokenizer.num_tokens} hexagonal patch centres")
+        reduction = max(1, round(hexgrid.spacing * math.sqrt(3)))  # centre-to-centre distance in pixels
+    head = InvariantHead(ftype, num_classes, head_drop_rate)
+    posenc = InvariantAPE(G, tokenizer.centers, ftype)
+
+    def block_fn(index: int, rate: float) -> Block:
+        return irrep_block(
+            ftype, heads, FourierActivation(act_type, act_basis), rate, attn_drop_rate, qkv_bias, fused_attn
+        )
+
+    model = EquivariantViT(
+        tokenizer=tokenizer,
+        head=head,
+        embed_dim=ftype.dim,
+        depth=depth,
+        num_heads=len(heads),
+        drop_rate=drop_rate,
+        drop_path_rate=drop_path_rate,
+        posenc=posenc,
+        group=G,
+        domain=domain,
+        in_chans=in_chans,
+        out_chans=num_classes or head.num_features,
+        output_action="invariant",
+        block_fn=block_fn,
+        norm_layer=IrrepLayerNorm(ftype),
+        num_prefix_tokens=1,
+        config=config,
+        token_grid=token_grid,
+        token_type=ftype,
+        feature_reduction=reduction,
+    )
+    model.feature_type = ftype
+    return model
+
+
+def _create(variant: str, **kwargs: Any) -> EquivariantViT:
+    """Build, attach timm's ``pretrained_cfg`` and honour ``features_only`` (:mod:`eqvit.models._timm`)."""
+    options = pop_options(kwargs)
+    model = build_o2vit(**strip_timm_kwargs(kwargs))
+    return finish(
+        model,
+        variant,
+        options,
+        first_conv="tokenizer.embed.proj",
+        classifier="head.fc",
+        image=True,
+    )
+
+
+@register_model
+def o2vit_square_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """Tiny D4 square model for tests: 8 x 8 images, 4 x 4 patches (4 tokens), depth 2, width 3 x regular.
+
+    Depth 2, not 1: in the first block the class token is trivial, so with one block the
+    non-trivial query weights would not reach the logits (an exactly zero gradient).
+    """
+    model_args = dict(
+        grid="square", img_size=8, patch_size=4, depth=2, num_heads=3, regular_copies=3, num_classes=5, mlp_ratio=1.0
+    )
+    return _create("o2vit_square_tiny", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def o2vit_hex_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """Tiny D6 hexagonal model for tests: 7 hexagonal patches of 37 pixels, depth 2, width 3 x regular.
+
+    37-pixel patches contain a free D6 orbit, so every irrep (A2 included) is read from the input.
+    """
+    model_args = dict(
+        grid="hex",
+        group="D6",
+        n_patch_side=2,
+        n_pixel_side=4,
+        depth=2,
+        num_heads=3,
+        regular_copies=3,
+        num_classes=5,
+        mlp_ratio=1.0,
+    )
+    return _create("o2vit_hex_tiny", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def o2vit_square_s(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """The seed's square setting (App. F): D4, 256^2 images, 16^2 patches, depth 6, 3 coupled heads."""
+    model_args = dict(grid="square", group="D4", img_size=256, patch_size=16, depth=6, num_heads=3, regular_copies=6)
+    return _create("o2vit_square_s", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def o2vit_hex_s(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """The seed's hexagonal setting (App. F): D6, 217 patches of 217 pixels, depth 6, 3 coupled heads."""
+    model_args = dict(grid="hex", group="D6", n_patch_side=9, n_pixel_side=9, depth=6, num_heads=3, regular_copies=3)
+    return _create("o2vit_hex_s", pretrained=pretrained, **dict(model_args, **kwargs))

@@ -1,0 +1,347 @@
+"""Platonic Transformers: the common ViT on regular features over a group of frames (Platonic seed).
+
+Three input families, one block (:class:`~eqvit.nn.platonic.platonic_block`) and one positional
+scheme (:class:`~eqvit.nn.posenc.frame_rope.FrameRoPE`):
+
+- ``platonic_points_*``: point clouds ``model(pos [B, N, 3], feat [B, N, C])``, frames T, O, I or
+  trivial; invariant class logits (to the frames, translations and point order);
+- ``platonic_image_*``: square images ``[B, C, H, W]``, frames C4, D4 or their subgroups; invariant
+  class logits;
+- ``platonic_sphere_*``: icosphere fields ``[B, C, V]`` on the SO3ViT patches, frames I, O, T;
+  dense output ``[B, C_out, V]``.
+
+``embed_dim`` is the total width ``|G| * C`` (the seed matches it across groups, so every model of
+a size has the computation graph of a standard ViT of that width); ``num_heads`` is per frame and
+defaults to ``max(1, 12 // |G|)`` (one head per frame for T, O, I; 12 heads for the trivial group).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from eqvit.geometry.domain import PointCloudDomain, PointDomain
+from eqvit.geometry.square import square_grid
+from eqvit.groups import FiniteGroup, get_group
+from eqvit.groups.base import match_matrices
+from eqvit.models._checks import check_model_args
+from eqvit.models._registry import register_model, strip_timm_kwargs
+from eqvit.models._timm import finish, pop_options
+from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
+from eqvit.models.vit import EquivariantViT
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.layers import Block
+from eqvit.nn.platonic import FramePoolDense, InvariantPoolHead, platonic_block
+from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding
+from eqvit.nn.regular import RegularLayerNorm
+from eqvit.nn.tokenizers.icosphere import IcosphereUnpatchify
+from eqvit.nn.tokenizers.platonic import (
+    CentredPoints,
+    LiftedIcosphereEmbed,
+    LiftedPointEmbed,
+    LiftedSquarePatchEmbed,
+)
+from eqvit.nn.tokenizers.square import square_patch_layout
+
+SPATIAL_FRAMES = ("trivial", "T", "O", "I")
+IMAGE_FRAMES = ("C1", "C2", "C4", "D1", "D2", "D4")
+
+
+@cache
+def trivial_3d() -> FiniteGroup:
+    """The trivial group acting on 3-D positions (``get_group("trivial")`` is planar)."""
+    return FiniteGroup("trivial", np.eye(3)[None])
+
+
+def spatial_frames(name: str) -> FiniteGroup:
+    """Frames for 3-D positions: ``"trivial"`` (or ``"C1"``), ``"T"``, ``"O"``, ``"I"``."""
+    if name in ("trivial", "C1"):
+        return trivial_3d()
+    if name not in SPATIAL_FRAMES:
+        raise ValueError(f"unknown 3-D frames {name!r}; valid: {', '.join(SPATIAL_FRAMES)}")
+    return get_group(name)
+
+
+@cache
+def sphere_frames(name: str) -> tuple[FiniteGroup, FiniteGroup]:
+    """``(frames, symmetry)`` for icosphere models: the frames placed so the model keeps most symmetry.
+
+    The icosphere is closed under I only. I frames keep I. T frames are taken as I's tetrahedral
+    subgroup, so they keep T. O is not a subgroup of I: the frames are the octahedral group rotated
+    so that its tetrahedral subgroup is I's, and the model keeps exactly that T (= O n I).
+    """
+    icosahedral = get_group("I")
+    if name in ("trivial", "C1"):
+        return trivial_3d(), trivial_3d()
+    if name not in SPATIAL_FRAMES:
+        raise ValueError(f"unknown frames {name!r} for the sphere; valid: {', '.join(SPATIAL_FRAMES)}")
+    if name == "I":
+        return icosahedral, icosahedral
+    tetra_in_i = icosahedral.subgroup(next(s for s in icosahedral.subgroups() if len(s) == 12), name="T")
+    if name == "T":
+        return tetra_in_i, tetra_in_i
+    octa = get_group("O")
+    rotation = _rotation_onto(get_group("T").elements, tetra_in_i.elements)
+    rotated = np.einsum("ij,gjk,lk->gil", rotation, octa.elements, rotation)
+    return FiniteGroup("O", rotated, irrep_builder=lambda _: octa.irreps), tetra_in_i
+
+
+def _rotation_onto(source: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """A rotation Q with ``Q source Q^T == target`` as sets of matrices (both tetrahedral groups).
+
+    The three half-turn axes of a tetrahedral group are orthogonal; Q maps one triple onto the
+    other, with the signs and order that also carry the three-fold axes across.
+    """
+
+    def half_turn_axes(elements: np.ndarray) -> np.ndarray:
+        half = elements[np.abs(np.trace(elements, axis1=1, axis2=2) + 1) < 1e-9]  # trace -1: angle pi
+        return np.stack([np.linalg.eigh((h + np.eye(3)) / 2)[1][:, -1] for h in half], axis=1)
+
+    a, b = half_turn_axes(source), half_turn_axes(target)
+    for perm in ([0, 1, 2], [1, 0, 2], [0, 2, 1], [2, 1, 0], [1, 2, 0], [2, 0, 1]):
+        for signs in np.array(np.meshgrid([1, -1], [1, -1], [1, -1])).T.reshape(-1, 3):
+            q = (b[:, perm] * signs) @ a.T
+            if np.linalg.det(q) < 0:
+                continue
+            try:
+                match_matrices(np.einsum("ij,gjk,lk->gil", q, source, q), target)
+            except ValueError:
+                continue
+            return q
+    raise ValueError("the two groups are not conjugate tetrahedral groups")
+
+
+def default_heads(group: FiniteGroup, num_heads: int | None) -> int:
+    return num_heads if num_heads is not None else max(1, 12 // group.order)
+
+
+def _channels(group: FiniteGroup, embed_dim: int, num_heads: int) -> int:
+    """Channels per frame ``C = embed_dim / |G|``, checked for the head split and RoPE pairs."""
+    if embed_dim % group.order:
+        raise ValueError(f"embed_dim {embed_dim} must be a multiple of |{group.name}| = {group.order}")
+    channels = embed_dim // group.order
+    if channels % num_heads or (channels // num_heads) % 2:
+        raise ValueError(
+            f"embed_dim {embed_dim} gives {channels} channels per frame of {group.name}, which must split into "
+            f"{num_heads} heads of an even size (frame RoPE rotates channel pairs)"
+        )
+    return channels
+
+
+def _blocks(group: FiniteGroup, channels: int, num_heads: int, options: dict[str, Any]):
+    def block_fn(index: int, rate: float) -> Block:
+        return platonic_block(group, channels, num_heads, drop_path=rate, **options)
+
+    return block_fn
+
+
+def build_platonic(
+    *,
+    kind: str,
+    group: str,
+    in_chans: int,
+    num_classes: int | None = None,
+    out_chans: int | None = None,
+    embed_dim: int | None = None,
+    target_width: int | None = None,
+    depth: int,
+    num_heads: int | None = None,
+    mlp_ratio: float = 4.0,
+    qkv_bias: bool = True,
+    qk_norm: bool = False,
+    init_values: float | None = None,
+    scores: str = "frames",
+    impl: str = "auto",
+    learnable_freqs: bool = False,
+    min_wavelength: float | None = None,
+    max_wavelength: float | None = None,
+    drop_rate: float = 0.0,
+    attn_drop_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+    fused_attn: bool = True,
+    img_size: int = 32,
+    patch_size: int = 4,
+    input_level: int = 5,
+    patch_level: int = 2,
+    symmetry_breaking: str | None = None,
+    latitude_degree: int = 8,
+    residual: bool = False,
+    num_points: int = 64,
+    head_pool: str | None = None,
+) -> EquivariantViT:
+    """Build a Platonic Transformer of ``kind`` ``"points"``, ``"image"`` or ``"sphere"``.
+
+    ``head_pool`` is the classifier's pooling over frames (:class:`InvariantPoolHead`): ``None``
+    takes ``"max"`` for images and ``"mean"`` for point clouds, the one measured on each task's
+    benchmark; sphere models have a dense head and take none.
+    """
+    config = {k: v for k, v in locals().items()}
+    check_model_args(config)
+    symmetry: FiniteGroup
+    if kind == "points":
+        frames = symmetry = spatial_frames(group)
+    elif kind == "image":
+        if group not in IMAGE_FRAMES:
+            raise ValueError(f"unknown frames {group!r} for square images; valid: {', '.join(IMAGE_FRAMES)}")
+        frames = symmetry = get_group(group)
+    elif kind == "sphere":
+        frames, symmetry = sphere_frames(group)
+    else:
+        raise ValueError(f"unknown kind {kind!r}; valid: points, image, sphere")
+    if kind != "sphere" and (symmetry_breaking is not None or residual):
+        raise ValueError(f"symmetry_breaking and residual apply to sphere models only, not kind {kind!r}")
+    if kind == "sphere" and head_pool is not None:
+        raise ValueError("head_pool applies to the classifiers (points, image), not to sphere models")
+    if symmetry_breaking not in SYMMETRY_BREAKING:
+        raise ValueError(f"unknown symmetry_breaking {symmetry_breaking!r}; valid: None, 'latitude'")
+    heads = default_heads(frames, num_heads)
+    if embed_dim is None:
+        if target_width is None:
+            raise ValueError("pass embed_dim (the total width |G| * C) or target_width")
+        # The nearest width whose channels per frame split into heads of an even size.
+        step = frames.order * heads * 2
+        embed_dim = max(step, step * round(target_width / step))
+    channels = _channels(frames, embed_dim, heads)
+    options = dict(
+        mlp_ratio=mlp_ratio,
+        qkv_bias=qkv_bias,
+        qk_norm=qk_norm,
+        drop=drop_rate,
+        attn_drop=attn_drop_rate,
+        init_values=init_values,
+        fused_attn=fused_attn,
+        scores=scores,
+        impl=impl,
+    )
+    common = dict(
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=heads,
+        drop_rate=drop_rate,
+        block_fn=_blocks(frames, channels, heads, options),
+        norm_layer=RegularLayerNorm(frames.order, channels),
+        group=symmetry,
+        in_chans=in_chans,
+        fused_attn=fused_attn,
+        config=config,
+    )
+    rope_args = dict(learnable=learnable_freqs)
+    classes = 10 if num_classes is None else num_classes
+
+    if kind == "points":
+        rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
+        head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "mean")
+        model = EquivariantViT(
+            tokenizer=LiftedPointEmbed(frames, in_chans, channels),
+            input_encoding=CentredPoints(),
+            head=head,
+            posenc=FrameRoPE(frames, heads, channels // heads, **rope_args),
+            domain=PointCloudDomain(3, num_points),
+            out_chans=classes or head.num_features,
+            output_action="invariant",
+            **common,
+        )
+    elif kind == "image":
+        tokenizer = LiftedSquarePatchEmbed(frames, img_size, patch_size, in_chans, channels)
+        side = img_size // patch_size
+        rope_args.update(min_wavelength=min_wavelength or 2.0, max_wavelength=max_wavelength or 4.0 * side)
+        head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "max")
+        model = EquivariantViT(
+            tokenizer=tokenizer,
+            head=head,
+            posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
+            domain=PointDomain(
+                square_grid(img_size, img_size),
+                shape=(img_size, img_size),
+                name=f"the {img_size}x{img_size} square grid",
+            ),
+            out_chans=classes or head.num_features,
+            output_action="invariant",
+            token_grid=PointDomain(
+                square_patch_layout(img_size, patch_size)[1], shape=(side, side), name=f"the {side}x{side} patch grid"
+            ),
+            token_type=FeatureType.frames(frames, channels),
+            feature_reduction=patch_size,
+            **common,
+        )
+    else:
+        tokenizer = LiftedIcosphereEmbed(frames, in_chans, channels, input_level, patch_level)
+        out = out_chans or in_chans
+        rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
+        domain = icosphere_domain(input_level)
+        input_encoding = None
+        if symmetry_breaking == "latitude":  # the rotating sphere: keep only the rotations about z
+            input_encoding = LatitudeEncoding(domain.points, in_chans, latitude_degree)
+            common["group"] = rotations_about_z(symmetry)
+        model = EquivariantViT(
+            tokenizer=tokenizer,
+            head=FramePoolDense(frames.order, IcosphereUnpatchify(channels, out, input_level, patch_level)),
+            posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
+            domain=domain,
+            input_encoding=input_encoding,
+            residual=residual,
+            out_chans=out,
+            **common,
+        )
+    model.frames = frames
+    return model
+
+
+def _create(variant: str, **kwargs: Any) -> EquivariantViT:
+    """Build, attach timm's ``pretrained_cfg`` and honour ``features_only`` (:mod:`eqvit.models._timm`)."""
+    options = pop_options(kwargs)
+    model = build_platonic(**strip_timm_kwargs(kwargs))
+    kind = kwargs["kind"]
+    first_conv = {"points": "tokenizer.scalar_proj", "image": "tokenizer"}.get(kind, "tokenizer.embed.proj")
+    classifier = "head.head.proj" if kind == "sphere" else "head.fc"
+    return finish(model, variant, options, first_conv=first_conv, classifier=classifier, image=kind == "image")
+
+
+@register_model
+def platonic_points_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """Tiny point-cloud Platonic Transformer for tests: I frames (4 channels each), depth 2."""
+    model_args = dict(kind="points", group="I", in_chans=1, num_classes=5, embed_dim=240, depth=2, mlp_ratio=2.0)
+    return _create("platonic_points_tiny", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def platonic_points_s(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """Point-cloud classifier: O frames, width 480 (20 channels per frame), depth 6."""
+    model_args = dict(kind="points", group="O", in_chans=1, num_classes=10, embed_dim=480, depth=6)
+    return _create("platonic_points_s", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def platonic_image_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """Tiny image Platonic Transformer for tests: D4 frames, 8x8 images, 2x2 patches, depth 2."""
+    model_args = dict(
+        kind="image", group="D4", in_chans=3, num_classes=5, embed_dim=48, depth=2, img_size=8, patch_size=2
+    )
+    return _create("platonic_image_tiny", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def platonic_image_s(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """Image classifier: D4 frames, 32x32 images (padded MNIST), 4x4 patches, width 192, depth 6."""
+    model_args = dict(
+        kind="image", group="D4", in_chans=1, num_classes=10, embed_dim=192, depth=6, img_size=32, patch_size=4
+    )
+    return _create("platonic_image_s", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def platonic_sphere_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """Tiny sphere model for tests: I frames (4 channels each), icosphere level 3, 240 tokens, depth 2."""
+    model_args = dict(
+        kind="sphere", group="I", in_chans=3, embed_dim=240, depth=2, input_level=3, patch_level=1, mlp_ratio=2.0
+    )
+    return _create("platonic_sphere_tiny", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def platonic_sphere_4x128(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
+    """Sphere model at SO3ViT 4x128's size: depth 4, width nearest 128 (I: 120, 2 channels per frame), 960 tokens."""
+    model_args = dict(kind="sphere", group="I", in_chans=3, target_width=128, depth=4)
+    return _create("platonic_sphere_4x128", pretrained=pretrained, **dict(model_args, **kwargs))

@@ -1,0 +1,363 @@
+"""The common ViT: tokenizer -> positional scheme -> blocks -> norm -> head.
+
+Every model family builds this class with its own tokenizer, positional scheme and head; the
+family modules only register configurations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from eqvit.geometry.domain import PointDomain, parameter_dtype
+from eqvit.groups import FiniteGroup
+from eqvit.groups.base import match_matrices
+from eqvit.nn.layers import vit_block
+from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
+
+
+def _as_inputs(encoded: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """An input encoding's result as the tuple of model inputs (one tensor, or ``(pos, feat)``)."""
+    return encoded if isinstance(encoded, tuple) else (encoded,)
+
+
+def _packed(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The form ``domain.check`` and ``domain.act`` take: the tensor, or the tuple of several inputs."""
+    return inputs[0] if len(inputs) == 1 else inputs
+
+
+def _call_block(block: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return block(*args, **kwargs)
+
+
+def _checkpoint_block(block: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The block under :func:`torch.utils.checkpoint.checkpoint`: activations recomputed in backward."""
+    return checkpoint(block, *args, use_reentrant=False, **kwargs)
+
+
+def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> tuple[list[int], int]:
+    """timm's ``feature_take_indices``: ``None`` all blocks, an int the last n, a sequence those (negative
+    from the end). Returns ``(absolute indices, the largest)``; a ValueError names an index out of range."""
+    if indices is None:
+        indices = num_blocks
+    if isinstance(indices, (int, np.integer)):
+        indices = int(indices)
+        if not 0 < indices <= num_blocks:
+            raise ValueError(f"expected the number of last blocks in 1..{num_blocks}, got {indices}")
+        taken = list(range(num_blocks - indices, num_blocks))
+    else:
+        taken = []
+        for i in indices:
+            index = num_blocks + i if i < 0 else i
+            if not 0 <= index < num_blocks:
+                raise ValueError(f"expected block indices in {-num_blocks}..{num_blocks - 1}, got {i}")
+            taken.append(index)
+        if not taken:
+            raise ValueError("expected at least one block index, got none")
+    return taken, max(taken)
+
+
+class EquivariantViT(nn.Module):
+    """A timm-style ViT whose parts decide which group it is equivariant to.
+
+    One forward for every family: the model is called on its inputs (``model(x)`` for images and
+    the sphere, ``model(pos, feat)`` for point clouds); ``input_encoding`` maps them (latitude
+    encoding, centring of the positions), the tokenizer takes them all, and the positional scheme
+    gives the rotary embedding for them (``posenc.rope_for(*inputs)``: fixed for a grid, bound to
+    the positions of each batch for point clouds).
+
+    Args:
+        tokenizer: ``(*inputs) -> tokens [B, N, embed_dim]``.
+        head: ``tokens [B, N, embed_dim] -> output``.
+        embed_dim, depth, num_heads, mlp_ratio, qkv_bias, qk_norm: the usual ViT sizes.
+        posenc: positional scheme; rotary schemes go into attention, others add to tokens.
+        input_encoding: applied to the raw inputs before tokenization (e.g. latitude encoding, or
+            centring point positions); it returns the inputs (a tensor or a tuple).
+        residual: predict ``x + model(x)`` (needs in_chans == out_chans and a dense head).
+        group: the group the model is exactly equivariant to (for ``assert_equivariant``).
+        domain: the input domain (``.points``, ``.shape``, ``.act``, ``.check``).
+        in_chans, out_chans: channel counts, checked on input.
+        output_action: ``"same"`` (dense outputs on the input domain) or ``"invariant"``.
+        fused_attn: SDPA (True) or the reference attention path (False) in the default blocks.
+        block_fn: ``block_fn(index, drop_path) -> block`` for families whose blocks act on
+            irrep or regular features (:func:`~eqvit.nn.irrep_blocks.irrep_block`,
+            :func:`~eqvit.nn.platonic.platonic_block`); blocks are called as
+            ``block(tokens, rope, num_prefix_tokens)``. Defaults to :func:`~eqvit.nn.layers.vit_block`.
+        norm_layer: the final norm (default ``nn.LayerNorm(embed_dim)``).
+        num_prefix_tokens: tokens the tokenizer prepends (class tokens), skipped by positional schemes.
+        config: the keyword arguments the model was built with (saved in checkpoints).
+        token_grid: the patch tokens as a field on their centres (a :class:`PointDomain`, token order,
+            ``shape`` the map's spatial shape): image models get intermediate maps
+            (:meth:`forward_intermediates`, ``feature_info``, ``features_only``).
+        token_type: the tokens' feature type (``.act(g, x [..., C])``), the action on the map channels.
+        feature_reduction: input pixels per map step (``feature_info``'s ``reduction``).
+
+    timm's model interface: ``forward_features`` / ``forward_head(pre_logits=...)``, with a classifier
+    head (one with ``pre_logits``) ``num_classes``, ``head_hidden_size``, ``get_classifier`` and
+    ``reset_classifier``; ``forward_intermediates`` / ``prune_intermediate_layers`` on models with a
+    ``token_grid``; ``set_grad_checkpointing`` and ``group_matcher`` (layer-wise learning-rate decay).
+    """
+
+    def __init__(
+        self,
+        *,
+        tokenizer: nn.Module,
+        head: nn.Module,
+        embed_dim: int,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        posenc: PositionalScheme | None = None,
+        input_encoding: nn.Module | None = None,
+        residual: bool = False,
+        group: FiniteGroup | None = None,
+        domain: Any = None,
+        in_chans: int = 3,
+        out_chans: int = 3,
+        output_action: str = "same",
+        fused_attn: bool = True,
+        block_fn: Callable[[int, float], nn.Module] | None = None,
+        norm_layer: nn.Module | None = None,
+        num_prefix_tokens: int = 0,
+        config: dict[str, Any] | None = None,
+        token_grid: PointDomain | None = None,
+        token_type: Any = None,
+        feature_reduction: int = 1,
+    ) -> None:
+        super().__init__()
+        if residual and in_chans != out_chans:
+            raise ValueError(f"residual prediction needs in_chans == out_chans, got {in_chans} and {out_chans}")
+        self.in_chans, self.out_chans = in_chans, out_chans
+        self.embed_dim = self.num_features = embed_dim
+        self.group = group
+        self.domain = domain
+        self.output_action = output_action
+        self.residual = residual
+        self.config = dict(config or {})
+        self.input_encoding = input_encoding if input_encoding is not None else nn.Identity()
+        self.tokenizer = tokenizer
+        self.posenc = posenc if posenc is not None else NoPositionalEncoding()
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.num_prefix_tokens = num_prefix_tokens
+        rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        if block_fn is None:
+
+            def block_fn(index: int, rate: float) -> nn.Module:
+                return vit_block(
+                    embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, drop_rate, attn_drop_rate, rate, fused_attn
+                )
+
+        self.blocks = nn.ModuleList(block_fn(i, rate) for i, rate in enumerate(rates))
+        self.norm = norm_layer if norm_layer is not None else nn.LayerNorm(embed_dim)
+        self.head = head
+        self.token_grid, self.token_type = token_grid, token_type
+        if token_grid is not None:
+            self.feature_info = [
+                dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=feature_reduction) for i in range(depth)
+            ]
+        self.grad_checkpointing = False
+        self._block_runner = _call_block  # set_grad_checkpointing swaps it: no flag in forward
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {name for name, _ in self.named_parameters() if "pos_embed" in name}
+
+    # ---------------------------------------------------------------- timm: classifier
+    def _classifier(self) -> nn.Module:
+        """The head if it is a classifier (has ``pre_logits``), else a ValueError."""
+        head = self.head
+        if not hasattr(head, "pre_logits"):
+            raise ValueError(
+                f"expected a classifier head (with pooled invariant features), got the dense head "
+                f"{type(head).__name__}: this model has no classifier"
+            )
+        return head
+
+    @property
+    def num_classes(self) -> int:
+        """Logits of the classifier (0 after ``reset_classifier(0)``); absent on dense models."""
+        if not hasattr(self.head, "pre_logits"):
+            raise AttributeError(f"{type(self).__name__} with a dense head has no num_classes")
+        return self.head.num_classes
+
+    @property
+    def head_hidden_size(self) -> int:
+        """Width of the pooled invariant features the classifier reads (``forward_head(pre_logits=True)``)."""
+        if not hasattr(self.head, "pre_logits"):
+            raise AttributeError(f"{type(self).__name__} with a dense head has no head_hidden_size")
+        return self.head.num_features
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        """The final linear classifier (``nn.Identity`` after ``reset_classifier(0)``)."""
+        return self._classifier().fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh classifier of ``num_classes`` logits; 0 makes :meth:`forward` return the pooled invariant
+        features ``[B, head_hidden_size]``. The invariant pooling is fixed, so ``global_pool`` must be None."""
+        if global_pool is not None:
+            raise ValueError(f"expected global_pool=None (the invariant pooling is fixed), got {global_pool!r}")
+        head = self._classifier()
+        head.reset_classifier(num_classes)
+        head.train(self.training)
+        self.out_chans = num_classes or head.num_features
+        self.config["num_classes"] = num_classes
+
+    # ---------------------------------------------------------------- timm: training helpers
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in backward (:func:`torch.utils.checkpoint.checkpoint`):
+        the same outputs and gradients for less memory."""
+        self.grad_checkpointing = bool(enable)
+        self._block_runner = _checkpoint_block if enable else _call_block
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups for timm's layer-wise decay: the embedding, one group per block, the final
+        norm last (the head is unmatched, so timm puts it after everything)."""
+        return dict(
+            stem=r"^(?:input_encoding|tokenizer|posenc)\.",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm\.", (99999,))],
+        )
+
+    # ---------------------------------------------------------------- forward
+
+    def embed_tokens(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Encoded inputs -> tokens ``[B, N, embed_dim]`` with the additive positional encoding, before the blocks."""
+        tokens = self.tokenizer(*inputs)
+        p = self.num_prefix_tokens
+        tokens = (
+            torch.cat([tokens[:, :p], self.posenc.add_to_tokens(tokens[:, p:])], dim=1)
+            if p
+            else self.posenc.add_to_tokens(tokens)
+        )
+        return self.pos_drop(tokens)
+
+    def run_block(self, block: nn.Module, tokens: torch.Tensor, rope: PositionalScheme | None) -> torch.Tensor:
+        """One block on the tokens ``[B, N, embed_dim]`` (checkpointed when enabled)."""
+        return self._block_runner(block, tokens, rope, self.num_prefix_tokens)
+
+    def forward_blocks(self, *inputs: torch.Tensor, last: int | None = None) -> Iterator[torch.Tensor]:
+        """The tokens after each block ``[B, N, embed_dim]`` (up to block ``last``), from the raw inputs."""
+        inputs = _as_inputs(self.input_encoding(*inputs))
+        tokens, rope = self.embed_tokens(*inputs), self.posenc.rope_for(*inputs)
+        for block in self.blocks if last is None else self.blocks[: last + 1]:
+            tokens = self.run_block(block, tokens, rope)
+            yield tokens
+
+    def forward_features(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Inputs -> normalised tokens ``[B, N, embed_dim]``."""
+        *_, tokens = self.forward_blocks(*inputs)
+        return self.norm(tokens)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Normalised tokens ``[B, N, embed_dim]`` -> the head's output; with ``pre_logits`` the pooled
+        invariant features ``[B, head_hidden_size]`` the classifier reads (classifiers only)."""
+        return self._classifier().pre_logits(tokens) if pre_logits else self.head(tokens)
+
+    # ---------------------------------------------------------------- timm: intermediates
+    def _grid(self) -> PointDomain:
+        if self.token_grid is None:
+            raise ValueError(
+                f"intermediate maps need patch tokens on an image grid (o2vit_*, platonic_image_*); "
+                f"this {type(self).__name__} reads {getattr(self.domain, 'name', 'its input')}"
+            )
+        return self.token_grid
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """timm's ``forward_intermediates``: the outputs of the blocks ``indices`` as maps on the patch grid.
+
+        Args:
+            x: the model's input (``[B, C, H, W]``, or ``[B, C, P]`` on the hexagonal grid).
+            indices: None (every block), an int (the last n) or block indices (negative from the end).
+            return_prefix_tokens: pair each map with the class token(s) ``[B, num_prefix_tokens, C]``.
+            norm: apply the final norm to each intermediate.
+            stop_early: run only the blocks up to the last one taken.
+            output_fmt: ``"NCHW"``: ``[B, C, *token_grid.shape]``, channels first with the patch tokens as a
+                field on :attr:`token_grid`: ``[B, C, H', W']`` on square images (``H' = H / patch``, rows top
+                down, like timm), ``[B, C, M]`` on the hexagonal grid (the M patch centres
+                ``token_grid.points`` in the tokenizer's order); ``"NLC"``: ``[B, M, C]``.
+            intermediates_only: return only the maps.
+
+        The maps are block outputs in the tokens' feature type (:attr:`token_type`: irrep-wise for the
+        O(2) models, regular ``|G| x C`` frames-major for the Platonic ones), equivariant under
+        :meth:`intermediate_action`.
+
+        Returns:
+            The maps, or ``(forward_features(x), maps)``.
+        """
+        grid = self._grid()
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"expected output_fmt 'NCHW' or 'NLC', got {output_fmt!r}")
+        taken, last = take_indices(len(self.blocks), indices)
+        if self.domain is not None:
+            self.domain.check(x, self.in_chans, parameter_dtype(self))
+        intermediates = []
+        for i, tokens in enumerate(self.forward_blocks(x, last=last if stop_early else None)):
+            if i in taken:
+                intermediates.append(self.norm(tokens) if norm else tokens)
+        p = self.num_prefix_tokens
+        maps = [y[:, p:] for y in intermediates]
+        if output_fmt == "NCHW":
+            maps = [y.transpose(1, 2).reshape(y.shape[0], y.shape[2], *grid.shape) for y in maps]
+        if return_prefix_tokens:
+            maps = [(m, y[:, :p]) for m, y in zip(maps, intermediates)]
+        if intermediates_only:
+            return maps
+        return self.norm(tokens), maps
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the blocks after the last of ``indices``, and the final norm / the head if asked.
+
+        Returns the absolute indices kept (for :meth:`forward_intermediates`).
+        """
+        self._grid()
+        taken, last = take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: last + 1]
+        self.feature_info = self.feature_info[: last + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.head = nn.Identity()
+        return taken
+
+    def intermediate_action(self, matrix: np.ndarray, fmap: torch.Tensor) -> torch.Tensor:
+        """The group element ``matrix`` acting on an intermediate map ``[..., C, *token_grid.shape]`` (NCHW).
+
+        The patch tokens move as points of :attr:`token_grid` (``token_grid.act``) and the channels
+        transform by :attr:`token_type` (``rho_V(g)`` on irrep-wise features, the frame permutation
+        on regular ones): ``forward_intermediates(g . x) == intermediate_action(g, forward_intermediates(x))``.
+        """
+        grid = self._grid()
+        g = int(match_matrices(np.asarray(matrix, dtype=np.float64)[None], self.token_type.group.elements)[0])
+        axis = -1 - len(grid.shape)
+        channels_last = fmap.movedim(axis, -1)
+        return grid.act(matrix, self.token_type.act(g, channels_last).movedim(-1, axis))
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """``model(x)`` (images, the sphere) or ``model(pos, feat)`` (point clouds) -> the head's output."""
+        if self.domain is not None:
+            self.domain.check(_packed(inputs), self.in_chans, parameter_dtype(self))
+        out = self.forward_head(self.forward_features(*inputs))
+        return out + inputs[0] if self.residual else out

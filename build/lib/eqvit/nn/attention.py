@@ -1,0 +1,68 @@
+"""Multi-head self-attention on ``F.scaled_dot_product_attention`` with pluggable rotary schemes."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from eqvit.nn.init import vit_linear
+from eqvit.nn.posenc.base import PositionalScheme
+from eqvit.nn.sdpa import ScaledDotProductAttention
+
+
+class Attention(nn.Module):
+    """timm-style attention: qkv projection, optional qk-norm, SDPA, output projection.
+
+    Positional schemes that act on queries and keys (RoPE-like) are passed to ``forward`` and
+    applied after the optional qk-norm, skipping the first ``num_prefix_tokens`` tokens. No
+    dense mask is ever built, so SDPA's flash / memory-efficient kernels apply on GPU.
+
+    Args:
+        dim: token width C.
+        num_heads: number of heads H (C must be divisible by H).
+        qkv_bias: bias in the qkv projection.
+        qk_norm: LayerNorm on q and k per head.
+        attn_drop, proj_drop: dropout rates.
+        fused: use SDPA (True) or the explicit reference softmax(q k^T / sqrt(d)) v (False).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"dim {dim} must be divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
+        self.qkv = vit_linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.proj = vit_linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    @property
+    def fused(self) -> bool:
+        return self.sdpa.fused
+
+    def forward(
+        self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
+    ) -> torch.Tensor:
+        """``x [B, N, C]`` -> ``[B, N, C]``."""
+        B, N, C = x.shape
+        # Token-major [B, N, H, D] until SDPA: RoPE-like schemes rotate per token, and in this
+        # layout they need no transposes of their own.
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope.rotate_qk_tokens(q, k, num_prefix_tokens)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, N, D]
+        out = self.sdpa(q, k, v).transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(out))

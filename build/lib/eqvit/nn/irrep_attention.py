@@ -1,0 +1,188 @@
+"""Equivariant multi-head self-attention on irrep-wise features (O(2) seed, Sec. 4.4).
+
+Ordinary multi-head attention with respect to a G-invariant inner product and a G-stable orthogonal
+decomposition ``V = V_1 (+) ... (+) V_h`` into heads: the scores ``<P_r q(a), P_r k(b)>`` are
+invariant, the values transform like V. With orthogonal irrep matrices the Euclidean inner product
+is invariant, and a head is any set of whole irrep copies (a G-stable coordinate subspace), so a
+head layout is a list of coordinate index arrays. Two layouts of the seed:
+
+* *coupled*: ``V_r = (+)_rho R^{C_rho / h} (x) V_rho`` -- every head holds copies of every irrep;
+* *irrep-wise*: ``V = (+)_rho (+)_{r=1}^{h} R^{C_rho / h} (x) V_rho`` -- each head holds one irrep
+  (here ``h`` heads per irrep, so ``h * #irreps`` heads in all).
+
+Heads of equal size go through one ``F.scaled_dot_product_attention`` call (one call for coupled,
+one per head size for irrep-wise); q/k/v and the output projection are :class:`IrrepLinear`,
+applied as one fused ``[3 dim, dim]`` qkv matrix (like timm) and one projection, with the head order
+folded into their rows/columns; these dense matrices are built on every call (eqvit.fuse fixes them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.sdpa import ScaledDotProductAttention
+
+ATTENTION_LAYOUTS = ("coupled", "irrepwise")
+
+
+def _check_divisible(ftype: FeatureType, num_heads: int, what: str) -> None:
+    """ValueError unless every irrep multiplicity of ``ftype`` splits evenly over ``num_heads``."""
+    bad = [rho.name for _, rho, c, _ in ftype.blocks() if c % num_heads]
+    if bad:
+        raise ValueError(
+            f"{what} needs every multiplicity divisible by {num_heads}; {ftype} has irreps {bad} that are not"
+        )
+
+
+def coupled_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
+    """Head r holds copies ``[r C_rho / h, (r + 1) C_rho / h)`` of every irrep."""
+    _check_divisible(ftype, num_heads, f"coupled attention with {num_heads} heads")
+    heads = []
+    for r in range(num_heads):
+        idx = []
+        for _, rho, c, sl in ftype.blocks():
+            per = c // num_heads
+            idx.append(np.arange(sl.start + r * per * rho.dim, sl.start + (r + 1) * per * rho.dim))
+        heads.append(np.concatenate(idx))
+    return heads
+
+
+def irrepwise_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
+    """``num_heads`` heads per irrep, each holding ``C_rho / num_heads`` copies of that irrep only."""
+    _check_divisible(ftype, num_heads, f"irrep-wise attention with {num_heads} heads per irrep")
+    heads = []
+    for _, rho, c, sl in ftype.blocks():
+        size = c // num_heads * rho.dim
+        heads += [np.arange(sl.start + r * size, sl.start + (r + 1) * size) for r in range(num_heads)]
+    return heads
+
+
+def head_layout(ftype: FeatureType, num_heads: int, attention: str) -> list[np.ndarray]:
+    if attention == "coupled":
+        return coupled_heads(ftype, num_heads)
+    if attention == "irrepwise":
+        return irrepwise_heads(ftype, num_heads)
+    raise ValueError(f"unknown attention layout {attention!r}; valid: {', '.join(ATTENTION_LAYOUTS)}")
+
+
+def check_heads(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
+    """ValueError unless the heads partition the coordinates into unions of whole irrep copies."""
+    flat = np.concatenate([np.asarray(h) for h in heads]) if len(heads) else np.zeros(0, dtype=np.int64)
+    if len(flat) != ftype.dim or not np.array_equal(np.sort(flat), np.arange(ftype.dim)):
+        raise ValueError(f"heads must partition the {ftype.dim} coordinates of {ftype}")
+    copy = ftype.copy_index
+    for h in heads:
+        members = np.unique(copy[h])
+        if sum(len(ftype.copies[m][2]) for m in members) != len(h):
+            raise ValueError("every head must hold whole irrep copies (a G-stable subspace)")
+
+
+class IrrepAttention(nn.Module):
+    """Equivariant self-attention ``[B, N, V.dim] -> [B, N, V.dim]``.
+
+    Args:
+        ftype: token feature type V.
+        heads: coordinate index arrays, a G-stable orthogonal decomposition (:func:`head_layout`).
+        qkv_bias: biases (trivial irrep) in q, k, v.
+        attn_drop: dropout on the attention probabilities.
+        fused: SDPA (True) or the explicit reference ``softmax(q k^T / sqrt(d)) v`` (False).
+    """
+
+    def __init__(
+        self,
+        ftype: FeatureType,
+        heads: Sequence[np.ndarray],
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        fused: bool = True,
+    ) -> None:
+        super().__init__()
+        check_heads(ftype, heads)
+        self.ftype = self.in_type = self.out_type = ftype
+        self.heads = [np.asarray(h, dtype=np.int64) for h in heads]
+        self.num_heads = len(self.heads)
+        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
+        self.q = IrrepLinear(ftype, ftype, qkv_bias)
+        self.k = IrrepLinear(ftype, ftype, qkv_bias)
+        self.v = IrrepLinear(ftype, ftype, qkv_bias)
+        self.proj = IrrepLinear(ftype, ftype)
+        # Heads sorted by size and laid side by side: ``perm`` lists their coordinates in that order.
+        # It is folded into the q/k/v rows and the projection's columns, so no gathers are needed.
+        sizes = sorted({len(h) for h in self.heads})
+        self._groups = []  # (start, heads, size)
+        order, start = [], 0
+        for size in sizes:
+            members = [h for h in self.heads if len(h) == size]
+            self._groups.append((start, len(members), size))
+            order += members
+            start += len(members) * size
+        self.register_buffer("perm", torch.from_numpy(np.concatenate(order)), persistent=False)
+
+    def extra_repr(self) -> str:
+        sizes = [len(h) for h in self.heads]
+        return f"{self.num_heads} heads of sizes {sizes}, fused={self.fused}"
+
+    @property
+    def fused(self) -> bool:
+        return self.sdpa.fused
+
+    @property
+    def attn_drop(self) -> float:
+        return self.sdpa.dropout
+
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(qkv weight [3 dim, dim], qkv bias, proj weight [dim, dim], proj bias)``, heads side by side."""
+
+        modules = self._modules
+        lins = (modules["q"], modules["k"], modules["v"], modules["proj"])
+
+        def compute():
+            perm, dim = self.perm, self.ftype.dim
+            dense = [lin.dense() for lin in lins]
+            qkv = torch.stack([w for w, _ in dense[:3]])[:, perm].reshape(3 * dim, dim)
+            bias = None
+            if any(b is not None for _, b in dense[:3]):
+                bias = torch.stack([qkv.new_zeros(dim) if b is None else b for _, b in dense[:3]])
+                bias = bias[:, perm].reshape(3 * dim)
+            return qkv, bias, dense[3][0][:, perm], dense[3][1]
+
+        return compute()
+
+    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """``x [B, N, dim] -> [B, N, dim]``."""
+        if rope is not None:
+            raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
+        return self.attend(x, *self.fused_weights())
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        qkv_w: torch.Tensor,
+        qkv_b: torch.Tensor | None,
+        proj_w: torch.Tensor,
+        proj_b: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``x [B, N, dim] -> [B, N, dim]`` with given fused weights (:meth:`fused_weights` or a folded form)."""
+        B, N = x.shape[:2]
+        qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
+        if len(self._groups) == 1:  # all heads of one size (coupled): one reshape, like timm
+            _, h, size = self._groups[0]
+            q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
+            out = self.sdpa(q, k, v).transpose(1, 2).reshape(B, N, h * size)
+        else:
+            q, k, v = qkv.split(self.ftype.dim, dim=-1)
+            outs = []
+            for start, h, size in self._groups:
+                qh, kh, vh = (
+                    t[..., start : start + h * size].unflatten(-1, (h, size)).transpose(1, 2) for t in (q, k, v)
+                )
+                outs.append(self.sdpa(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
+            out = torch.cat(outs, dim=-1)
+        return F.linear(out, proj_w, proj_b)

@@ -1,0 +1,175 @@
+"""Transformer block, MLP and invariant classification head on irrep-wise features (O(2) seed, Sec. 4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eqvit.nn.activation import FourierActivation
+from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.init import vit_linear
+from eqvit.nn.irrep_attention import IrrepAttention
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.layers import Block, check_num_classes
+from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.norm import IrrepLayerNorm
+
+
+class IrrepMlp(nn.Module):
+    """``l2 o FT sigma FT^-1 o l1`` with hidden features ``C(X, R)`` (Sec. 4.3.2).
+
+    The forward pass folds the Fourier transforms into the linear maps
+    (:meth:`FourierActivation.fold`): ``W1' = FT^-1 W1``, ``W2' = W2 FT``, so it is exactly a dense
+    MLP of hidden width |X| with the pointwise ``sigma`` (the shape of a timm ``Mlp``); the folded
+    weights are recomputed on every call (``eqvit.fuse`` freezes them for inference).
+    """
+
+    def __init__(self, ftype: FeatureType, activation: FourierActivation) -> None:
+        super().__init__()
+        self.in_type = self.out_type = ftype
+        self.fc1 = IrrepLinear(ftype, activation.ftype)
+        self.act = activation
+        self.fc2 = IrrepLinear(activation.ftype, ftype)
+
+    def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(W1' [|X|, dim], b1', W2' [dim, |X|], b2)`` of the dense MLP on values over X."""
+
+        fc1, fc2 = self._modules["fc1"], self._modules["fc2"]
+
+        def compute():
+            (w1, b1), (w2, b2) = fc1.dense(), fc2.dense()
+            return (*self.act.fold(w1, b1, w2), b2)
+
+        return compute()
+
+    def forward_with(
+        self, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x [..., dim] -> [..., dim]`` with given folded weights (:meth:`folded_weights` or a reflected form)."""
+        return F.linear(self.act.act(F.linear(x, w1, b1)), w2, b2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with(x, *self.folded_weights())
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """``fc2(FT sigma FT^-1 fc1(x))`` with the dense Fourier basis (eq. 10)."""
+        return self.fc2(self.act.forward_dense(self.fc1(x)))
+
+
+def irrep_block(
+    ftype: FeatureType,
+    heads: Sequence[np.ndarray],
+    activation: FourierActivation,
+    drop_path: float = 0.0,
+    attn_drop: float = 0.0,
+    qkv_bias: bool = True,
+    fused: bool = True,
+    norm_centers: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
+) -> Block:
+    """The O(2) seed's block on irrep-wise tokens ``[B, N, ftype.dim]``: equivariant LayerNorms,
+    irrep-wise attention, the Fourier-nonlinearity MLP (every part G-equivariant).
+
+    Args:
+        ftype: token feature type V.
+        heads: attention head layout (coordinate index arrays).
+        activation: the MLP's Fourier nonlinearity (fixes the hidden type).
+        drop_path, attn_drop: regularisation.
+        fused: SDPA or the reference attention path.
+        norm_centers: optional ``(norm1, norm2)`` centring coordinates (restricted models).
+    """
+    return Block(
+        IrrepLayerNorm(ftype, center=norm_centers[0]),
+        IrrepAttention(ftype, heads, qkv_bias=qkv_bias, attn_drop=attn_drop, fused=fused),
+        IrrepLayerNorm(ftype, center=norm_centers[1]),
+        IrrepMlp(ftype, activation),
+        drop_path=drop_path,
+    )
+
+
+class InvariantHead(ExactBuffers):
+    """Class token -> invariants -> logits (Sec. 4.5, eq. 15).
+
+    ``cls -> cls_trivial (+) (|cls_{rho, c}|)_{rho != trivial, c}``, then dropout and a linear
+    classifier. A restricted model passes its parent's grouping: ``trivial`` coordinates and
+    ``groups`` (coordinate sets whose Euclidean norms are taken).
+
+    ``eqvit.fuse`` folds the classifier into two matrices, ``logits = cls @ A + sqrt(cls^2 @ S) @
+    W_norms^T + b`` (``A`` reads the trivial coordinates, ``S`` sums squares per group, both kept here
+    as buffers): four small ops instead of gathers, padding and concatenation.
+
+    The timm classifier interface: :meth:`pre_logits` gives the invariants ``[B, num_features]``
+    (after the dropout), ``fc`` is the classifier and :meth:`reset_classifier` replaces it;
+    ``num_classes = 0`` makes ``fc`` the identity, so the head returns the invariants.
+
+    Args:
+        ftype: token feature type V.
+        num_classes: logits (0: no classifier, the head returns the invariants).
+        drop: dropout before the classifier.
+    """
+
+    def __init__(
+        self,
+        ftype: FeatureType,
+        num_classes: int,
+        drop: float = 0.0,
+        trivial: np.ndarray | None = None,
+        groups: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        super().__init__()
+        if trivial is None:
+            trivial = ftype.trivial_index
+        if groups is None:
+            groups = [idx for i, _, idx in ftype.copies if not ftype.irreps[i].is_trivial]
+        self.trivial = np.asarray(trivial, dtype=np.int64)
+        self.groups = [np.asarray(g, dtype=np.int64) for g in groups]
+        self.register_buffer("trivial_index", torch.from_numpy(self.trivial.copy()), persistent=False)
+        # One gather for all norms: groups padded to the largest size with a zero coordinate (index dim).
+        dim = ftype.dim
+        width = max((len(g) for g in self.groups), default=0)
+        self._pad = any(len(g) < width for g in self.groups)
+        index = np.full((len(self.groups), width), dim, dtype=np.int64)
+        for k, g in enumerate(self.groups):
+            index[k, : len(g)] = g
+        self.register_buffer("norm_index", torch.from_numpy(index), persistent=False)
+        select = np.zeros((dim, len(self.trivial)))
+        select[self.trivial, np.arange(len(self.trivial))] = 1.0
+        squares = np.zeros((dim, len(self.groups)))
+        for k, g in enumerate(self.groups):
+            squares[g, k] = 1.0
+        self.register_exact_buffer("trivial_select", torch.from_numpy(select))
+        self.register_exact_buffer("group_squares", torch.from_numpy(squares))
+        self.num_invariants = self.num_features = len(trivial) + len(groups)
+        self.drop = nn.Dropout(drop)
+        self.reset_classifier(num_classes)
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh classifier ``fc`` of ``num_classes`` logits on the invariants; 0 makes it the identity."""
+        self.num_classes = check_num_classes(num_classes)
+        like = self.group_squares
+        self.fc = (
+            vit_linear(self.num_invariants, num_classes, device=like.device, dtype=like.dtype)
+            if num_classes
+            else nn.Identity()
+        )
+
+    def invariants(self, cls: torch.Tensor) -> torch.Tensor:
+        """``[..., dim] -> [..., num_invariants]``: the trivial coordinates, then one norm per group."""
+        buffers = self._buffers
+        trivial = cls[..., buffers["trivial_index"]]
+        if not len(self.groups):
+            return trivial
+        padded = torch.cat([cls, cls.new_zeros(*cls.shape[:-1], 1)], dim=-1) if self._pad else cls
+        norms = torch.linalg.vector_norm(padded[..., buffers["norm_index"]], dim=-1)
+        return torch.cat([trivial, norms], dim=-1)
+
+    def pre_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, N, dim] -> [B, num_features]``: the class token's invariants, after the dropout."""
+        return self.drop(self.invariants(tokens[:, 0]))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, N, dim] -> logits [B, num_classes]`` (the invariants when ``num_classes`` is 0)."""
+        return self.fc(self.pre_logits(tokens))

@@ -1,0 +1,141 @@
+"""Token-wise building blocks: Mlp, DropPath, LayerScale and the transformer Block."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from eqvit.nn.attention import Attention
+from eqvit.nn.init import vit_linear
+from eqvit.nn.posenc.base import PositionalScheme
+
+
+def check_num_classes(num_classes: int) -> int:
+    """``num_classes`` as an int, or a ValueError unless it is a non-negative integer (0: no classifier)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        raise ValueError(f"expected num_classes to be a non-negative integer (0: no classifier), got {num_classes!r}")
+    return num_classes
+
+
+class Mlp(nn.Module):
+    """Two-layer MLP applied per token: ``[B, N, C] -> [B, N, C_out]``."""
+
+    def __init__(
+        self, in_features: int, hidden_features: int | None = None, out_features: int | None = None, drop: float = 0.0
+    ) -> None:
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        self.fc1 = vit_linear(in_features, hidden_features)
+        self.act = nn.GELU()
+        self.fc2 = vit_linear(hidden_features, out_features)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample (identity at eval time)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = torch.empty(x.shape[0], *([1] * (x.ndim - 1)), device=x.device, dtype=x.dtype).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class FeatureGather(nn.Module):
+    """``x [..., C_in] -> x[..., index]``: a fixed reordering (or selection) of the feature axis.
+
+    Layers put it after a projection to lay the heads out; ``eqvit.fuse`` folds it into that
+    projection's rows and replaces it by ``nn.Identity``.
+    """
+
+    def __init__(self, index: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("index", torch.as_tensor(index, dtype=torch.int64), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"{len(self.index)} features"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.index_select(-1, self.index)
+
+
+class Block(nn.Module):
+    """timm's pre-norm transformer block with its layers injected.
+
+    ``x + drop_path(ls1(attn(norm1(x))))``, then ``x + drop_path(ls2(mlp(norm2(x))))`` on ``[B, N, C]``.
+    Every family builds it from its own layers (:func:`vit_block`,
+    :func:`~eqvit.nn.irrep_blocks.irrep_block`, :func:`~eqvit.nn.platonic.platonic_block`); optional
+    parts (LayerScale, drop path) are ``nn.Identity`` when absent, so :meth:`forward` has no branches.
+    The block's ``in_type`` / ``out_type`` are its attention's (None for plain features).
+
+    Args:
+        norm1, attn, norm2, mlp: the layers; ``attn(x, rope, num_prefix_tokens)``.
+        ls1, ls2: LayerScale after the attention / the MLP (None: none).
+        drop_path: stochastic-depth rate of both residual branches.
+    """
+
+    def __init__(
+        self,
+        norm1: nn.Module,
+        attn: nn.Module,
+        norm2: nn.Module,
+        mlp: nn.Module,
+        *,
+        ls1: nn.Module | None = None,
+        ls2: nn.Module | None = None,
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.norm1 = norm1
+        self.attn = attn
+        self.ls1 = ls1 if ls1 is not None else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm2
+        self.mlp = mlp
+        self.ls2 = ls2 if ls2 is not None else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    @property
+    def in_type(self):
+        """The attention's input type (None for plain features); the block maps it to itself."""
+        return getattr(self.attn, "in_type", None)
+
+    @property
+    def out_type(self):
+        return getattr(self.attn, "out_type", None)
+
+    def forward(
+        self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
+    ) -> torch.Tensor:
+        """``x [B, N, C] -> [B, N, C]``."""
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope, num_prefix_tokens)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+def vit_block(
+    dim: int,
+    num_heads: int,
+    mlp_ratio: float = 4.0,
+    qkv_bias: bool = True,
+    qk_norm: bool = False,
+    drop: float = 0.0,
+    attn_drop: float = 0.0,
+    drop_path: float = 0.0,
+    fused_attn: bool = True,
+) -> Block:
+    """timm's ViT block on plain features ``[B, N, dim]``: LayerNorm, multi-head attention, GELU MLP."""
+    return Block(
+        nn.LayerNorm(dim),
+        Attention(dim, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused=fused_attn),
+        nn.LayerNorm(dim),
+        Mlp(dim, int(dim * mlp_ratio), drop=drop),
+        drop_path=drop_path,
+    )

@@ -1,0 +1,19 @@
+"""Positional schemes behind one interface (:class:`PositionalScheme`)."""
+
+from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
+from eqvit.nn.posenc.frame_rope import BoundFrameRoPE, FrameRoPE
+from eqvit.nn.posenc.latitude import LatitudeEncoding, legendre_polynomials
+from eqvit.nn.posenc.learned import LearnedAPE
+from eqvit.nn.posenc.so3rope import SO3RoPE, max_order_for
+
+__all__ = [
+    "BoundFrameRoPE",
+    "FrameRoPE",
+    "LatitudeEncoding",
+    "LearnedAPE",
+    "NoPositionalEncoding",
+    "PositionalScheme",
+    "SO3RoPE",
+    "legendre_polynomials",
+    "max_order_for",
+]

@@ -1,0 +1,59 @@
+"""One interface for positional schemes.
+
+A scheme either adds to the token sequence (absolute encodings: ``add_to_tokens``) or rotates
+queries and keys inside attention (RoPE-like: ``rotate_qk``). ``is_rotary`` says which, so the
+ViT decides once, at construction, where the scheme goes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PositionalScheme(nn.Module):
+    """Base class; the defaults leave tokens, queries and keys unchanged."""
+
+    is_rotary: bool = False
+
+    def rope_for(self, *inputs: torch.Tensor) -> PositionalScheme | None:
+        """The rotary scheme attention applies for these (encoded) model inputs: None for additive
+        schemes, the scheme itself when its positions are fixed (a grid); schemes whose positions
+        come with the input (point clouds) bind them here, once per forward."""
+        return self if self.is_rotary else None
+
+    def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, N, C]`` -> ``[B, N, C]`` (prefix tokens excluded by the caller)."""
+        return x
+
+    def rotate_qk(
+        self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q, k [B, H, N, D]`` -> embedded ``q, k`` of the same shape."""
+        return q, k
+
+    def rotate_qk_tokens(
+        self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same as :meth:`rotate_qk` for token-major ``q, k [B, N, H, D]`` (what attention holds).
+
+        The heads may come unflattened, ``[B, N, G, H, D]`` (frames-major, as Platonic attention
+        splits them off its fused projection); the result is always ``[B, N, G * H, D]``. Schemes
+        override it when the token-major layout is faster for them.
+        """
+        q, k = q.flatten(2, -2), k.flatten(2, -2)
+        q, k = self.rotate_qk(q.transpose(1, 2), k.transpose(1, 2), num_prefix_tokens)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """:meth:`rotate_qk_tokens` in place on queries and keys stacked as ``qk [B, N, 2, H, D]``
+        (q then k; typically a view into the attention's own fused qkv output). Returns ``qk``.
+
+        Schemes that can rotate both in one op, without a copy, override it.
+        """
+        q, k = self.rotate_qk_tokens(qk[:, :, 0], qk[:, :, 1], num_prefix_tokens)
+        return qk.copy_(torch.stack([q, k], dim=2))
+
+
+class NoPositionalEncoding(PositionalScheme):
+    """No positional information: attention is permutation equivariant."""

@@ -1,0 +1,130 @@
+"""SO(3)-RoPE (SO(3)-RoPE seed, Definition 1 and eq. 6).
+
+Each query/key of a token at pose R is multiplied by pi(R) = D^0(R) + D^1(R) + ... + D^L(R)
+(block diagonal, each order once, (L+1)^2 <= head_dim); the remaining channels pass through.
+Since pi is orthogonal and a homomorphism, <pi(U) q, pi(V) k> = q^T pi(U^-1 V) k: attention
+scores depend on relative poses only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from eqvit.groups.so3 import wigner_D_blocks
+from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.posenc.base import PositionalScheme
+
+
+def max_order_for(head_dim: int) -> int:
+    """Largest L with (L+1)^2 <= head_dim."""
+    if head_dim < 1:
+        raise ValueError(f"head_dim must be positive, got {head_dim}")
+    return math.isqrt(head_dim) - 1
+
+
+class SO3RoPE(ExactBuffers, PositionalScheme):
+    """Rotary embedding with real Wigner-D blocks of orders 0..L.
+
+    Args:
+        head_dim: channels per head D; the first (L+1)^2 are rotated.
+        poses: optional fixed token poses ``[N, 3, 3]``; their block-diagonal Wigner-D matrices
+            are precomputed once as a buffer and used by ``rotate_qk``.
+        max_order: L; defaults to the largest that fits.
+    """
+
+    is_rotary = True
+
+    def __init__(self, head_dim: int, poses: torch.Tensor | None = None, max_order: int | None = None) -> None:
+        super().__init__()
+        L = max_order_for(head_dim) if max_order is None else max_order
+        if (L + 1) ** 2 > head_dim or L < 0:
+            raise ValueError(f"max_order {L} needs (L+1)^2 = {(L + 1) ** 2} channels, head_dim is {head_dim}")
+        self.head_dim = head_dim
+        self.max_order = L
+        self.rotated_dim = (L + 1) ** 2
+        if poses is not None:
+            self._check_poses(poses)
+            pi = wigner_D_blocks(L, poses.to(torch.float64))
+            self.register_exact_buffer("pi", pi)
+            # Transposed copy for the token-major path (x @ pi^T per token).
+            self.register_exact_buffer("pi_t", pi.transpose(-1, -2).contiguous())
+        else:
+            self.pi = self.pi_t = None
+
+    def _check_poses(self, poses: torch.Tensor) -> None:
+        if poses.ndim not in (3, 4) or poses.shape[-2:] != (3, 3):
+            raise ValueError(f"expected poses of shape [N, 3, 3] or [B, N, 3, 3], got {list(poses.shape)}")
+
+    def representation(self, poses: torch.Tensor) -> torch.Tensor:
+        """pi(R): ``[..., (L+1)^2, (L+1)^2]`` for ``poses [..., 3, 3]``."""
+        return wigner_D_blocks(self.max_order, poses)
+
+    def embed(self, x: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+        """``x [B, H, N, D]`` times ``pi [N, k, k]`` or ``[B, N, k, k]`` on its first k channels."""
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"expected head_dim {self.head_dim}, got x of shape {list(x.shape)}")
+        k = self.rotated_dim
+        pi = pi.to(x.dtype)
+        if pi.ndim == 3:
+            rotated = torch.einsum("nij,bhnj->bhni", pi, x[..., :k])
+        else:
+            rotated = torch.einsum("bnij,bhnj->bhni", pi, x[..., :k])
+        return torch.cat([rotated, x[..., k:]], dim=-1) if k < self.head_dim else rotated
+
+    def forward(self, x: torch.Tensor, poses: torch.Tensor) -> torch.Tensor:
+        """``rope(x, poses)``: ``x [B, H, N, D]``, ``poses [N, 3, 3]`` or ``[B, N, 3, 3]``."""
+        self._check_poses(poses)
+        if poses.shape[-3] != x.shape[-2]:
+            raise ValueError(f"got {poses.shape[-3]} poses for {x.shape[-2]} tokens")
+        return self.embed(x, self.representation(poses))
+
+    def rotate_qk_tokens(
+        self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token-major fast path: ``q, k [B, N, H, D]`` rotated in one batched matmul over tokens.
+
+        Queries and keys of all heads share each token's matrix, so they are stacked into one
+        ``[N, 2 B H, D] @ [N, D, D]`` product: a few large per-token products instead of many
+        small ones (on CPU this halves the cost of the einsum over ``[B, H, N, D]``).
+        """
+        q, k = q.flatten(2, -2), k.flatten(2, -2)  # heads may come unflattened (see the base class)
+        self._check_fixed(q, num_prefix_tokens, token_axis=1)
+        p = num_prefix_tokens
+        B, N, H, D = q.shape
+        x = torch.stack((q[:, p:], k[:, p:]), dim=2)  # [B, N - p, 2, H, D]
+        n = N - p
+        tokens = x.transpose(0, 1).reshape(n, B * 2 * H, D)[..., : self.rotated_dim]
+        rotated = torch.bmm(tokens, self.pi_t.to(x.dtype))  # [n, 2BH, k]
+        if self.rotated_dim < D:
+            rotated = torch.cat([rotated, x.transpose(0, 1).reshape(n, B * 2 * H, D)[..., self.rotated_dim :]], -1)
+        rotated = rotated.reshape(n, B, 2, H, D).transpose(0, 1)
+        if p:
+            rotated = torch.cat([torch.stack((q[:, :p], k[:, :p]), dim=2), rotated], dim=1)
+        return rotated[:, :, 0], rotated[:, :, 1]
+
+    def _check_fixed(self, x: torch.Tensor, num_prefix_tokens: int, token_axis: int) -> None:
+        if self.pi is None:
+            raise ValueError("SO3RoPE was built without fixed poses; call rope(x, poses) instead")
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"expected head_dim {self.head_dim}, got shape {list(x.shape)}")
+        tokens = x.shape[token_axis] - num_prefix_tokens
+        if tokens != self.pi.shape[0]:
+            raise ValueError(
+                f"expected {self.pi.shape[0]} tokens after {num_prefix_tokens} prefix tokens, got {x.shape[token_axis]}"
+            )
+
+    def rotate_qk(
+        self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pi is None:
+            raise ValueError("SO3RoPE was built without fixed poses; call rope(x, poses) instead")
+        p = num_prefix_tokens
+        if q.shape[-2] - p != self.pi.shape[0]:
+            raise ValueError(f"expected {self.pi.shape[0]} tokens after {p} prefix tokens, got {q.shape[-2]}")
+        if p == 0:
+            return self.embed(q, self.pi), self.embed(k, self.pi)
+        q = torch.cat([q[..., :p, :], self.embed(q[..., p:, :], self.pi)], dim=-2)
+        k = torch.cat([k[..., :p, :], self.embed(k[..., p:, :], self.pi)], dim=-2)
+        return q, k

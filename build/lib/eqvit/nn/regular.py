@@ -1,0 +1,272 @@
+"""Layers on regular features: functions on a finite group G (Platonic Transformer seed, Sec. 3).
+
+A token's feature is ``f: G -> R^C`` stored flat as ``[..., |G| * C]``, frame-major (entry
+``g * C + c`` is channel c seen from frame ``R_g``). G acts by ``(L_g f)(R) = f(g^-1 R)``, a
+permutation of the frame axis: with the Cayley table, frame j of ``L_g f`` is frame
+``cayley[inverse[g], j]`` of ``f``. Every layer here commutes with that permutation:
+
+- :class:`LiftToGroup`: scalars copied over frames, vectors seen from each frame ``f(R) = R^-1 u``;
+- :class:`GroupConvLinear`: group convolution ``y(R) = sum_h W(h) f(R h)``, i.e. the block matrix
+  ``[W]_{R, R'} = W(R^-1 R')``, as a Cayley-gathered dense matrix or in the Fourier domain;
+- :class:`RegularLayerNorm`, :class:`RegularLayerScale`: statistics and scales shared across frames;
+- :func:`frame_action`: the action itself, for tests and users.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eqvit.groups import FiniteGroup
+from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.irrep_features import FeatureType
+
+IMPLEMENTATIONS = ("auto", "cayley", "fourier")
+# impl="auto" takes the Fourier form below this multiply-add ratio. Measured (T, O, I at 1024 tokens,
+# benchmarks/platonic_speed.py): below ~0.21 the Fourier form always won in inference; at 0.24
+# (D4 at 64 tokens, O at C = 16) its per-irrep calls made it slower than the dense GEMM.
+FOURIER_COST_RATIO = 0.2
+
+
+def frame_action(group: FiniteGroup, g: int, x: torch.Tensor) -> torch.Tensor:
+    """``L_g`` on regular features ``x [..., |G| * C]``: ``(L_g f)(R_j) = f(R_{cayley[g^-1, j]})``
+    (the action of :meth:`FeatureType.frames <eqvit.nn.irrep_features.FeatureType.frames>`)."""
+    return FeatureType.frames(group, x.shape[-1] // group.order).act(g, x)
+
+
+class LiftToGroup(ExactBuffers):
+    """Lift scalars and 3-D (or 2-D) vectors in the global frame to regular features.
+
+    ``scalars [..., S]`` are copied to every frame; ``vectors [..., V, d]`` become
+    ``f(R) = R^T u`` (the vector seen from frame R). Output ``[..., |G| * (S + V * d)]``.
+    """
+
+    def __init__(self, group: FiniteGroup) -> None:
+        super().__init__()
+        self.order, self.dim = group.order, group.dim
+        self.register_exact_buffer("frames", torch.from_numpy(group.elements.copy()))
+
+    def lifted_channels(self, num_scalars: int, num_vectors: int) -> int:
+        """Channels per frame after lifting ``S`` scalars and ``V`` vectors: ``S + V * d``."""
+        return num_scalars + num_vectors * self.dim
+
+    def forward(self, scalars: torch.Tensor | None = None, vectors: torch.Tensor | None = None) -> torch.Tensor:
+        parts = []
+        if scalars is not None:
+            parts.append(scalars.unsqueeze(-2).expand(*scalars.shape[:-1], self.order, scalars.shape[-1]))
+        if vectors is not None:
+            if vectors.shape[-1] != self.dim:
+                raise ValueError(f"expected vectors [..., V, {self.dim}], got {list(vectors.shape)}")
+            # R^T u for every frame R: [..., V, d] -> [..., G, V * d]
+            seen = torch.einsum("gji,...vj->...gvi", self.frames, vectors)
+            parts.append(seen.flatten(-2))
+        if not parts:
+            raise ValueError("LiftToGroup needs scalars, vectors or both")
+        return torch.cat(parts, dim=-1).flatten(-2)
+
+
+def _fourier_matrices(group: FiniteGroup) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The group Fourier transform on C(G): ``T [K, |G|]`` with rows ``rho(g)_{ab}``, its pseudo-inverse.
+
+    ``K = sum_rho dim(rho)^2``. For complex-type irreps the matrix entries are linearly dependent,
+    so the inverse is the pseudo-inverse (exact on the image of T, which every transformed feature
+    lies in). Returns ``(T, T^+, dims)``.
+    """
+    rows = [rho.matrices.reshape(group.order, -1).T for rho in group.irreps]
+    transform = np.concatenate(rows, axis=0)
+    return transform, np.linalg.pinv(transform), [rho.dim for rho in group.irreps]
+
+
+class GroupConvLinear(ExactBuffers):
+    """Equivariant linear map on regular features: a group convolution over the frames.
+
+    ``y(R) = sum_h W(h) f(R h) + b``, i.e. ``[W]_{R, R'} = W(R^-1 R')`` (seed eq. for Phi), with a
+    kernel ``W: G -> R^{C_out x C_in}`` (``|G|`` times fewer parameters than a dense layer of the
+    same size) and a bias shared over frames. Two exact implementations:
+
+    - ``"cayley"``: gather the ``[|G| C_out, |G| C_in]`` matrix through the Cayley table, one GEMM;
+      With few input rows (``2 * rows < C_out``, e.g. a pooled readout) it gathers the ``|G|``
+      frame windows of the input instead, ``y(R) = [W(u)]_u [f(R u)]_u``: the same products
+      without materialising the ``|G|`` times larger matrix;
+    - ``"fourier"``: transform the frame axis with the irreps, apply ``W_hat(rho) = sum_h rho(h) x W(h)``
+      per irrep (``sum dim^3`` instead of ``|G|^2`` multiply-adds per channel pair), transform back.
+
+    ``"auto"`` picks the Fourier form when it needs under a fifth of the dense form's
+    multiply-adds (the dense GEMM runs closer to peak; the threshold is calibrated by
+    ``benchmarks/platonic_speed.py``). Either form's weights (the gathered matrix, the per-irrep
+    kernels) are derived on every call; ``eqvit.fuse`` fixes them for inference.
+
+    Args:
+        group: the frames G.
+        in_channels, out_channels: C_in, C_out per frame.
+        bias: a bias ``[C_out]`` shared by all frames.
+        impl: ``"auto"``, ``"cayley"`` or ``"fourier"``.
+
+    Shapes: ``[..., |G| * C_in] -> [..., |G| * C_out]``.
+    """
+
+    def __init__(
+        self, group: FiniteGroup, in_channels: int, out_channels: int, bias: bool = True, impl: str = "auto"
+    ) -> None:
+        super().__init__()
+        if impl not in IMPLEMENTATIONS:
+            raise ValueError(f"unknown impl {impl!r}; valid: {', '.join(IMPLEMENTATIONS)}")
+        G = group.order
+        self.order, self.in_channels, self.out_channels = G, in_channels, out_channels
+        self.in_type, self.out_type = FeatureType.frames(group, in_channels), FeatureType.frames(group, out_channels)
+        self.weight = nn.Parameter(torch.empty(G, out_channels, in_channels))
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        # kernel_index[r, s] = index of R_r^-1 R_s: which kernel value sits in block (r, s).
+        kernel_index = group.cayley[group.inverse[:, None], np.arange(G)[None, :]]
+        self.register_buffer("kernel_index", torch.from_numpy(kernel_index), persistent=False)
+        # frame_windows[r * |G| + u] = index of R_r u: the frames that frame r's output reads through W(u).
+        self.register_buffer("frame_windows", torch.from_numpy(group.cayley.flatten()), persistent=False)
+        transform, inverse, dims = _fourier_matrices(group)
+        self.irrep_dims = dims
+        # Float64 masters, so a float64 equivariance check sees exact transforms after .float().double().
+        self.register_exact_buffer("fourier", torch.from_numpy(transform))
+        self.register_exact_buffer("inverse_fourier", torch.from_numpy(inverse))
+        irrep_entries = np.concatenate([rho.matrices.reshape(G, -1) for rho in group.irreps], axis=1)
+        self.register_exact_buffer("irrep_matrices", torch.from_numpy(irrep_entries))
+        if impl == "auto":
+            impl = "fourier" if self.fourier_cost() < FOURIER_COST_RATIO * self.cayley_cost() else "cayley"
+        self.impl = impl
+        nn.init.trunc_normal_(self.weight, std=0.02)
+
+    def cayley_cost(self) -> int:
+        """Multiply-adds per token of the dense form."""
+        return self.order**2 * self.in_channels * self.out_channels
+
+    def fourier_cost(self) -> int:
+        """Multiply-adds per token of the Fourier form (transforms plus block products)."""
+        K = sum(d * d for d in self.irrep_dims)
+        blocks = sum(d**3 for d in self.irrep_dims) * self.in_channels * self.out_channels
+        return self.order * K * (self.in_channels + self.out_channels) + blocks
+
+    def extra_repr(self) -> str:
+        return (
+            f"group_order={self.order}, in_channels={self.in_channels}, out_channels={self.out_channels}, "
+            f"bias={self.bias is not None}, impl={self.impl!r}"
+        )
+
+    def dense_weight(self) -> torch.Tensor:
+        """The equivariant ``[|G| C_out, |G| C_in]`` matrix: block (r, s) is ``W(R_r^-1 R_s)``."""
+        return self.dense_weight_and_bias()[0]
+
+    def dense_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(dense_weight(), dense_bias())`` behind one cache lookup (the Cayley forward's operands)."""
+        return self.gather_dense()
+
+    def gather_dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`dense_weight_and_bias` computed afresh, without the cache (for callers that cache a
+        transformed copy themselves)."""
+        bias = None if self.bias is None else self.bias.repeat(self.order)
+        return self._gather_dense_weight(), bias
+
+    def _gather_dense_weight(self) -> torch.Tensor:
+        G, O, I = self.order, self.out_channels, self.in_channels
+        return self.weight[self.kernel_index].permute(0, 2, 1, 3).reshape(G * O, G * I)
+
+    def dense_bias(self) -> torch.Tensor | None:
+        """The bias ``[|G| C_out]``: the same ``[C_out]`` in every frame (``None`` without bias)."""
+        return self.dense_weight_and_bias()[1]
+
+    def fourier_kernels(self) -> list[torch.Tensor]:
+        """Per irrep rho, ``W_hat(rho)^T [d C_in, d C_out]``.
+
+        ``W_hat[(b', o), (b, i)] = sum_h rho(h)[b', b] W(h)[o, i]``.
+        """
+        return self._fourier_kernels()
+
+    def _fourier_kernels(self) -> list[torch.Tensor]:
+        O, I = self.out_channels, self.in_channels
+        # All irreps in one GEMM: [K, G] @ [G, O I], K = sum d^2 entries (b', b) of the irreps.
+        w_hat = torch.einsum("hk,hoi->koi", self.irrep_matrices, self.weight)
+        kernels, row = [], 0
+        for d in self.irrep_dims:
+            block = w_hat[row : row + d * d].reshape(d, d, O, I).permute(1, 3, 0, 2)  # [b, i, b', o]
+            kernels.append(block.reshape(d * I, d * O))
+            row += d * d
+        return kernels
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """ValueError unless ``x`` is ``[..., |G| * C_in]``."""
+        if x.shape[-1] != self.order * self.in_channels:
+            raise ValueError(f"expected regular features [..., {self.order} * {self.in_channels}], got {list(x.shape)}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        if self.impl == "fourier":
+            return self.forward_fourier(x)
+        if 2 * (x.numel() // x.shape[-1]) < self.out_channels:
+            return self.forward_windows(x)
+        return F.linear(x, *self.dense_weight_and_bias())
+
+    def forward_windows(self, x: torch.Tensor) -> torch.Tensor:
+        """The Cayley form with the input gathered instead of the weight: ``[..., |G|, |G| C_in]``
+        windows ``[f(R_r u)]_u`` times the kernel ``[C_out, |G| C_in]``. It moves ``rows * |G|^2 C_in``
+        numbers instead of the dense matrix's ``|G|^2 C_in C_out``, so it wins for few rows."""
+        G, I = self.order, self.in_channels
+        windows = x.unflatten(-1, (G, I)).index_select(-2, self.frame_windows)  # [..., G G, C_in]
+        return F.linear(windows.reshape(*x.shape[:-1], G, G * I), self.kernel_matrix(), self.bias).flatten(-2)
+
+    def kernel_matrix(self) -> torch.Tensor:
+        """The kernel as one matrix ``[C_out, |G| C_in]``: column block u is ``W(u)``."""
+        O, I = self.out_channels, self.in_channels
+        return self.weight.transpose(0, 1).reshape(O, self.order * I)
+
+    def forward_fourier(self, x: torch.Tensor) -> torch.Tensor:
+        """The Fourier-domain form: ``f_hat(rho) = sum_g f(g) rho(g)``, ``y_hat = f_hat W_hat``, back."""
+        G, O, I = self.order, self.out_channels, self.in_channels
+        lead = x.shape[:-1]
+        x_hat = torch.matmul(self.fourier, x.reshape(-1, G, I))  # [M, K, C_in]
+        outputs, row = [], 0
+        for d, kernel in zip(self.irrep_dims, self.fourier_kernels()):
+            block = x_hat[:, row : row + d * d].reshape(-1, d, d * I)  # [M, a, (b, i)]
+            outputs.append((block @ kernel).reshape(-1, d * d, O))
+            row += d * d
+        y = torch.matmul(self.inverse_fourier, torch.cat(outputs, dim=1))  # [M, G, C_out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, G * O)
+
+
+class RegularLayerNorm(nn.Module):
+    """LayerNorm over all ``|G| * C`` entries of a token, affine ``[C]`` shared across frames.
+
+    The mean and variance over every frame are invariant to permuting frames, and a per-channel
+    scale that is the same in every frame commutes with that permutation. The affine parameters
+    tiled over the frames are derived on every call (``eqvit.fuse`` fixes them).
+    """
+
+    def __init__(self, group_order: int, channels: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.order, self.channels, self.eps = group_order, channels, eps
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def tiled_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weight, bias)`` repeated over the frames, ``[|G| * C]`` each."""
+        return self.weight.repeat(self.order), self.bias.repeat(self.order)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.tiled_affine()
+        return F.layer_norm(x, (self.order * self.channels,), weight, bias, self.eps)
+
+
+class RegularLayerScale(nn.Module):
+    """LayerScale with one gamma per channel, ``[C]``, shared by all frames.
+
+    A gamma of shape ``[|G| * C]`` (one per frame and channel) would scale frames differently and
+    break equivariance; ``tests/test_platonic.py`` checks that it does.
+    """
+
+    def __init__(self, group_order: int, channels: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.order = group_order
+        self.gamma = nn.Parameter(torch.full((channels,), float(init_values)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.unflatten(-1, (self.order, -1)) * self.gamma).flatten(-2)

@@ -1,0 +1,299 @@
+"""Quadrature-weighted errors on the sphere (torch, batched, differentiable).
+
+Fields come as ``[..., V]`` on a point set (weights ``[V]``, e.g. icosphere vertex areas) or
+``[..., nlat, nlon]`` on a lat-lon grid (weights ``[nlat, nlon]`` or ``[nlat, 1]``, e.g.
+:func:`latlon_quadrature_weights`). The leading dimensions are usually ``[B, C]``.
+
+The relative errors are those of the torch-harmonics shallow-water benchmark
+(``torch_harmonics.examples.losses`` / ``metrics``): per sample and channel
+
+    rel_Lp = (sum_i w_i |pred_i - target_i|^p)^(1/p) / (sum_i w_i |target_i|^p)^(1/p),
+
+the discrete version of ``||pred - target||_{L^p(S^2)} / ||target||_{L^p(S^2)}``.
+
+Classification: :func:`classification_scores` (accuracy, cross-entropy, per-class accuracy,
+confusion matrix) and :func:`plot_confusion`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "SphereErrorMap",
+    "classification_scores",
+    "grid_latitudes",
+    "latlon_quadrature_weights",
+    "plot_confusion",
+    "polar_error_ratio",
+    "relative_lp_error",
+    "weighted_mean",
+]
+
+_REDUCTIONS = ("none", "channel", "mean")
+
+
+def latlon_quadrature_weights(nlat: int, nlon: int, grid: str = "equiangular") -> torch.Tensor:
+    """Quadrature weights ``[nlat, nlon]`` (float64) of torch-harmonics' lat-lon grid, summing to 4 pi.
+
+    ``w[i, j] = q_i * 2 pi / nlon`` with ``q_i`` the latitude weights of
+    ``torch_harmonics.quadrature.precompute_latitudes`` (Clenshaw-Curtis in ``cos theta`` for
+    ``"equiangular"``; they absorb the ``sin theta`` Jacobian), rows ordered as the solver's
+    grid (north pole first). Same weights as ``torch_harmonics.QuadratureS2``.
+    """
+    from torch_harmonics.quadrature import precompute_latitudes
+
+    if not (isinstance(nlat, int) and isinstance(nlon, int) and nlat >= 2 and nlon >= 1):
+        raise ValueError(f"expected integers nlat >= 2 and nlon >= 1, got nlat={nlat!r}, nlon={nlon!r}")
+    _, q = precompute_latitudes(nlat, grid=grid)
+    w = q.to(torch.float64).reshape(nlat, 1) * (2 * math.pi / nlon)
+    return w.expand(nlat, nlon).contiguous()
+
+
+def grid_latitudes(nlat: int, grid: str = "equiangular") -> torch.Tensor:
+    """Latitudes ``[nlat]`` in radians (``+pi/2`` first) of torch-harmonics' lat-lon grid rows."""
+    from torch_harmonics.quadrature import precompute_latitudes
+
+    colat, _ = precompute_latitudes(nlat, grid=grid)
+    return math.pi / 2 - colat.to(torch.float64)
+
+
+def _spatial_ndim(weights: torch.Tensor) -> int:
+    if not isinstance(weights, torch.Tensor):
+        raise TypeError(f"expected weights as a torch.Tensor, got {type(weights).__name__}")
+    if weights.ndim not in (1, 2):
+        raise ValueError(
+            f"expected weights of shape [V] (point set) or [nlat, nlon] / [nlat, 1] (grid), got {list(weights.shape)}"
+        )
+    return weights.ndim
+
+
+def _check_weights(weights: torch.Tensor, spatial: tuple[int, ...]) -> None:
+    if weights.ndim == 1:  # a point set: one weight per point
+        ok = len(spatial) == 1 and weights.shape[0] == spatial[0]
+    else:  # a grid: one weight per point, or per latitude row
+        ok = len(spatial) == 2 and weights.shape[0] == spatial[0] and weights.shape[1] in (spatial[1], 1)
+    if not ok:
+        expected = f"[{spatial[0]}]" if len(spatial) == 1 else f"[{spatial[0]}, {spatial[1]}] or [{spatial[0]}, 1]"
+        raise ValueError(
+            f"expected weights of shape {expected} for fields of spatial shape {list(spatial)}, "
+            f"got {list(weights.shape)}"
+        )
+
+
+def _split_shape(x: torch.Tensor, k: int, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if x.ndim < k:
+        raise ValueError(f"expected {name} with at least {k} spatial dims, got shape {list(x.shape)}")
+    return tuple(x.shape[: x.ndim - k]), tuple(x.shape[x.ndim - k :])
+
+
+def weighted_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Quadrature-weighted spherical mean over the spatial dims: ``sum w x / sum w``."""
+    k = _spatial_ndim(weights)
+    _, spatial = _split_shape(x, k, "x")
+    _check_weights(weights, spatial)
+    dims = tuple(range(-k, 0))
+    w = weights.to(device=x.device, dtype=x.dtype)
+    return (x * w).sum(dim=dims) / w.expand(spatial).sum()
+
+
+def relative_lp_error(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    weights: torch.Tensor,
+    p: float = 2,
+    dims: tuple[int, ...] | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Relative quadrature-weighted L^p error, per sample and channel.
+
+    Args:
+        pred, target: ``[..., V]`` or ``[..., nlat, nlon]``, usually ``[B, C, ...]``.
+        weights: ``[V]`` (point set) or ``[nlat, nlon]`` / ``[nlat, 1]`` (grid).
+        p: the exponent (1 or 2 in the benchmark; any ``p >= 1``).
+        dims: the spatial dims (negative, trailing); default: the last ``weights.ndim``.
+        reduction: ``"none"`` -> the leading shape (``[B, C]``); ``"channel"`` -> ``[C]``
+            (mean over every leading dim but the last); ``"mean"`` -> scalar, the mean of
+            the per-channel values.
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; expected one of {list(_REDUCTIONS)}")
+    if not p >= 1:
+        raise ValueError(f"expected p >= 1, got {p!r}")
+    if pred.shape != target.shape:
+        raise ValueError(f"expected pred and target of the same shape, got {list(pred.shape)} and {list(target.shape)}")
+    k = _spatial_ndim(weights)
+    if dims is not None:
+        expected = tuple(range(-k, 0))
+        if tuple(d - pred.ndim if d >= 0 else d for d in dims) != expected:
+            raise ValueError(
+                f"expected dims {expected} (the trailing dims matching weights {list(weights.shape)}), "
+                f"got {tuple(dims)}"
+            )
+    lead, spatial = _split_shape(pred, k, "pred")
+    _check_weights(weights, spatial)
+    if reduction == "channel" and len(lead) < 1:
+        raise ValueError(
+            f"reduction='channel' needs a channel dim before the spatial dims, got shape {list(pred.shape)}"
+        )
+    sdims = tuple(range(-k, 0))
+    w = weights.to(device=pred.device, dtype=pred.dtype)
+    num = ((pred - target).abs() ** p * w).sum(dim=sdims)
+    den = (target.abs() ** p * w).sum(dim=sdims)
+    err = (num / den.clamp_min(torch.finfo(den.dtype).tiny)) ** (1.0 / p)
+    if reduction == "none":
+        return err
+    if reduction == "channel":
+        return err.reshape(-1, err.shape[-1]).mean(dim=0)
+    return err.mean()
+
+
+class SphereErrorMap:
+    """Per-point error averaged over every sample (and channel) seen.
+
+    ``update(pred, target)`` with ``[B, C, V]`` or ``[B, C, nlat, nlon]``;
+    ``compute()`` -> ``[V]`` / ``[nlat, nlon]`` (``per_channel=True``: ``[C, V]`` /
+    ``[C, nlat, nlon]``), float64. ``kind="abs"`` averages ``|pred - target|``,
+    ``kind="squared"`` averages ``(pred - target)^2``.
+    """
+
+    def __init__(self, kind: str = "abs", per_channel: bool = False):
+        if kind not in ("abs", "squared"):
+            raise ValueError(f"unknown kind {kind!r}; expected 'abs' or 'squared'")
+        self.kind = kind
+        self.per_channel = per_channel
+        self.reset()
+
+    def reset(self) -> None:
+        self._sum: torch.Tensor | None = None
+        self._count = 0
+        self._shape: tuple[int, ...] | None = None
+
+    @torch.no_grad()
+    def update(self, pred: torch.Tensor, target: torch.Tensor) -> None:
+        if pred.shape != target.shape:
+            raise ValueError(
+                f"expected pred and target of the same shape, got {list(pred.shape)} and {list(target.shape)}"
+            )
+        if pred.ndim not in (3, 4):
+            raise ValueError(f"expected [B, C, V] or [B, C, nlat, nlon], got {list(pred.shape)}")
+        if self._shape is not None and tuple(pred.shape[1:]) != self._shape:
+            raise ValueError(f"expected samples of shape {list(self._shape)} as before, got {list(pred.shape[1:])}")
+        diff = (pred.detach().to(torch.float64) - target.detach().to(torch.float64)).abs()
+        if self.kind == "squared":
+            diff = diff * diff
+        total = diff.sum(dim=0)  # [C, ...]
+        self._sum = total if self._sum is None else self._sum + total
+        self._count += pred.shape[0]
+        self._shape = tuple(pred.shape[1:])
+
+    def compute(self) -> torch.Tensor:
+        if self._sum is None:
+            raise ValueError("expected at least one update() before compute(), got none")
+        mean = self._sum / self._count
+        return mean if self.per_channel else mean.mean(dim=0)
+
+
+def _latitudes_for(error_map: torch.Tensor, points_or_latitudes: torch.Tensor) -> torch.Tensor:
+    loc = points_or_latitudes.to(device=error_map.device, dtype=torch.float64)
+    if error_map.ndim == 1:
+        n = error_map.shape[0]
+        if loc.shape == (n, 3):
+            return torch.asin((loc[:, 2] / loc.norm(dim=1)).clamp(-1.0, 1.0))
+        if loc.shape == (n,):
+            return loc
+        raise ValueError(
+            f"expected points [{n}, 3] or latitudes [{n}] for an error map of shape [{n}], got {list(loc.shape)}"
+        )
+    nlat, nlon = error_map.shape
+    if loc.shape == (nlat * nlon, 3):
+        return torch.asin((loc[:, 2] / loc.norm(dim=1)).clamp(-1.0, 1.0)).reshape(nlat, nlon)
+    if loc.shape == (nlat,):
+        return loc.reshape(nlat, 1).expand(nlat, nlon)
+    if loc.shape in ((nlat, 1), (nlat, nlon)):
+        return loc.expand(nlat, nlon)
+    raise ValueError(
+        f"expected points [{nlat * nlon}, 3] or latitudes [{nlat}] / [{nlat}, 1] / [{nlat}, {nlon}] "
+        f"for an error map of shape [{nlat}, {nlon}], got {list(loc.shape)}"
+    )
+
+
+def polar_error_ratio(
+    error_map: torch.Tensor,
+    points_or_latitudes: torch.Tensor,
+    weights: torch.Tensor,
+    polar_lat_deg: float = 60.0,
+) -> torch.Tensor:
+    """Weighted mean error poleward of ``|latitude| > polar_lat_deg`` over the weighted global mean.
+
+    Args:
+        error_map: ``[V]`` (point set) or ``[nlat, nlon]`` (grid), e.g. ``SphereErrorMap.compute()``.
+        points_or_latitudes: unit vectors ``[V, 3]`` (latitude ``asin z``) or ``[nlat * nlon, 3]``
+            for a grid, or latitudes in radians ``[V]`` / ``[nlat]`` / ``[nlat, 1]`` / ``[nlat, nlon]``.
+        weights: quadrature weights ``[V]`` or ``[nlat, nlon]`` / ``[nlat, 1]``.
+
+    Returns a scalar: 1 for an error spread evenly over the sphere, > 1 when it piles up at the
+    poles (the S2Transformer's failure mode in Fig. 3 of the SO(3)-RoPE paper).
+    """
+    if error_map.ndim not in (1, 2):
+        raise ValueError(f"expected an error map [V] or [nlat, nlon], got {list(error_map.shape)}")
+    if _spatial_ndim(weights) != error_map.ndim:
+        raise ValueError(
+            f"expected weights with {error_map.ndim} dims for an error map of shape "
+            f"{list(error_map.shape)}, got {list(weights.shape)}"
+        )
+    _check_weights(weights, tuple(error_map.shape))
+    lat = _latitudes_for(error_map, points_or_latitudes)
+    w = weights.to(device=error_map.device, dtype=error_map.dtype).expand(error_map.shape)
+    polar = lat.abs() > math.radians(polar_lat_deg)
+    if not bool(polar.any()):
+        raise ValueError(f"expected some points poleward of |latitude| > {polar_lat_deg} deg, got none")
+    polar = polar.to(error_map.dtype)
+    polar_mean = (error_map * w * polar).sum() / (w * polar).sum()
+    global_mean = (error_map * w).sum() / w.sum()
+    return polar_mean / global_mean
+
+
+def classification_scores(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict:
+    """``accuracy``, ``val_loss`` (mean cross-entropy), ``per_class_accuracy`` (list; None for a class
+    without samples) and ``confusion`` (``[K, K]`` int64 tensor, rows = true class) of ``logits [N, K]``."""
+    if logits.ndim != 2 or logits.shape[1] != num_classes or labels.shape != logits.shape[:1]:
+        raise ValueError(
+            f"expected logits [N, {num_classes}] and labels [N], got {list(logits.shape)} and {list(labels.shape)}"
+        )
+    labels = labels.to(torch.long)
+    pred = logits.argmax(dim=1)
+    confusion = torch.bincount(labels * num_classes + pred, minlength=num_classes**2).reshape(num_classes, num_classes)
+    per_class = confusion.diag().double() / confusion.sum(dim=1).double()
+    return {
+        "accuracy": (pred == labels).double().mean().item(),
+        "val_loss": torch.nn.functional.cross_entropy(logits.double(), labels).item(),
+        "per_class_accuracy": [None if v != v else v for v in per_class.tolist()],
+        "confusion": confusion,
+    }
+
+
+def plot_confusion(confusion: torch.Tensor, classes: list[str], path, title: str) -> None:
+    """Row-normalised confusion matrix (true class down, predicted across) as an image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = len(classes)
+    rates = confusion.double() / confusion.sum(dim=1, keepdim=True).clamp_min(1).double()
+    side = min(12.0, 3.0 + 0.3 * k)
+    fig, ax = plt.subplots(figsize=(side + 1, side))
+    im = ax.imshow(rates.numpy(), cmap="viridis", vmin=0, vmax=1)
+    if k <= 40:
+        ax.set_xticks(range(k), classes, rotation=90, fontsize=7)
+        ax.set_yticks(range(k), classes, fontsize=7)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label="fraction of the true class")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,21 @@
+"""Small helpers shared across eqvit (no torch.nn)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def close_match_hint(name: str, valid: Iterable[str]) -> str:
+    """``" Did you mean 'x'?"`` for the closest of ``valid`` to ``name``, or ``""``."""
+    valid = [str(v) for v in valid]
+    same_but_case = [v for v in valid if v.lower() == str(name).lower()]
+    close = same_but_case or difflib.get_close_matches(str(name), valid, n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_name_error(kind: str, name: str, valid: Iterable[str], cls: type[ValueError] = ValueError) -> ValueError:
+    """A ValueError (or subclass ``cls``) for an unknown ``name`` that lists the valid ones and the closest match."""
+    valid = list(valid)
+    shown = ", ".join(str(v) for v in valid[:40]) + (", ..." if len(valid) > 40 else "")
+    return cls(f"unknown {kind} {name!r}.{close_match_hint(name, valid)} Valid: {shown}")
