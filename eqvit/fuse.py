@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from eqvit.nn.basis import AttentionInBasis
 from eqvit.nn.fused import (
     FoldedInvariantHead,
     FrozenAPE,
@@ -38,7 +39,6 @@ from eqvit.nn.fused import (
     ReflectedIrrepBlock,
     ReflectedPlanarEmbedding,
 )
-from eqvit.nn.basis import AttentionInBasis
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp
 from eqvit.nn.layers import Block, FeatureGather

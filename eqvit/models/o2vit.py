@@ -159,7 +159,11 @@ def build_o2vit(
     elif posenc == "frame_rope":
         radius = max(float(np.linalg.norm(tokenizer.centers, axis=-1).max()), reduction)
         scheme = FrameRoPE(
-            G, *frame_rope, positions=tokenizer.centers.copy(), min_wavelength=2.0 * reduction, max_wavelength=4.0 * radius
+            G,
+            *frame_rope,
+            positions=tokenizer.centers.copy(),
+            min_wavelength=2.0 * reduction,
+            max_wavelength=4.0 * radius,
         )
     else:
         scheme = NoPositionalEncoding()

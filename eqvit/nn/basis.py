@@ -48,7 +48,7 @@ class HeadBasis(ExactBuffers):
 
     def __init__(self, matrix: np.ndarray) -> None:
         super().__init__()
-        self.register_exact_buffer("matrix", torch.from_numpy(np.ascontiguousarray(matrix, dtype=np.float64)))
+        self.register_exact_buffer("matrix", torch.from_numpy(np.array(matrix, dtype=np.float64)))
 
     def rows(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         t = self.matrix.to(weight.dtype).T
@@ -99,7 +99,7 @@ class FrameRotary(ExactBuffers):
         self.rope_heads, self.rope_head_dim = rope_heads, rope_head_dim
         self.used = rope_heads * rope_head_dim
         self.dim = group_order * channels
-        self.register_exact_buffer("to_frames", torch.from_numpy(np.ascontiguousarray(to_frames, dtype=np.float64)))
+        self.register_exact_buffer("to_frames", torch.from_numpy(np.array(to_frames, dtype=np.float64)))
 
     def extra_repr(self) -> str:
         return f"frames={self.order}, channels={self.channels}, rope heads {self.rope_heads} x {self.rope_head_dim}"
@@ -137,7 +137,7 @@ class AttentionInBasis(ExactBuffers):
             raise ValueError(f"the inner attention reads {inner.in_type}, expected {outer_type.in_irrep_basis()}")
         self.inner = inner
         self.in_type = self.out_type = outer_type
-        self.register_exact_buffer("to_inner", torch.from_numpy(np.ascontiguousarray(outer_type.fourier)))
+        self.register_exact_buffer("to_inner", torch.from_numpy(np.array(outer_type.fourier)))
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         a = self.to_inner.to(x.dtype)

@@ -74,7 +74,9 @@ def frame_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
     if C % num_heads:
         raise ValueError(f"frames-as-heads needs the {C} channels per frame of {ftype} divisible by {num_heads}")
     size = C // num_heads
-    return [np.arange(j * C + r * size, j * C + (r + 1) * size) for j in range(frames.group.order) for r in range(num_heads)]
+    return [
+        np.arange(j * C + r * size, j * C + (r + 1) * size) for j in range(frames.group.order) for r in range(num_heads)
+    ]
 
 
 def _frame_type(ftype: FeatureType) -> FeatureType:

@@ -106,7 +106,7 @@ class FrameInvariantAPE(InvariantAPE):
             raise ValueError(f"FrameInvariantAPE reads frame features, got {ftype}")
         super().__init__(group, centers, ftype.in_irrep_basis(), std)
         self.frame_type = ftype
-        self.register_exact_buffer("to_frames", torch.from_numpy(np.ascontiguousarray(ftype.fourier.T)))
+        self.register_exact_buffer("to_frames", torch.from_numpy(np.array(ftype.fourier.T)))
 
     def embedding_reference(self) -> torch.Tensor:
         """``[M, |G| C]`` the encoding on the frames."""
