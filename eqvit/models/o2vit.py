@@ -130,11 +130,16 @@ def build_o2vit(
     heads = head_layout(ftype, num_heads, attention)
     basis = head_basis(ftype, attention)
     frame_rope = None
-    if posenc == "frame_rope":  # one rope head per frame over its channel pairs (an odd last channel passes)
+    if posenc == "frame_rope":
         channels = _frame_channels(ftype)
         if channels < 2:
             raise ValueError(f"frame RoPE rotates channel pairs: {ftype} has {channels} channel per frame")
-        frame_rope = (1, 2 * (channels // 2))
+        # Rope heads = the attention's channel groups when they have an even size (coupled heads and
+        # frames-as-heads then see relative positions only); otherwise one rope head over the channel
+        # pairs of each frame (an odd last channel passes). Equivariant either way.
+        per_head = channels // num_heads
+        aligned = channels % num_heads == 0 and per_head % 2 == 0
+        frame_rope = (num_heads, per_head) if aligned else (1, 2 * (channels // 2))
     act_type, act_basis, _ = homogeneous_fourier_basis(G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies))
 
     if grid == "square":
