@@ -30,6 +30,9 @@ COMBINATIONS = (
     + [("o2vit_hex_tiny", {}, p, a) for p in PLANAR for a in LAYOUTS]
     + [("platonic_image_tiny", {}, p, a) for p in PLANAR for a in LAYOUTS]
     + [("platonic_points_tiny", POINTS, p, a) for p in ("frame_rope", "none") for a in LAYOUTS]
+    # sphere models: the new combinations (frame RoPE with frames / coupled heads is the seed's, in test_models)
+    + [("platonic_sphere_tiny", {}, "frame_rope", "irrepwise")]
+    + [("platonic_sphere_tiny", {}, "none", a) for a in LAYOUTS]
     + [("so3vit_tiny", {}, p, None) for p in ("so3rope", "none", "learned")]
 )
 
