@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from eqvit.nn.basis import AttentionInBasis
 from eqvit.nn.fused import (
     FoldedInvariantHead,
     FrozenAPE,
@@ -46,6 +47,7 @@ from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.platonic import PlatonicAttention
 from eqvit.nn.posenc.base import NoPositionalEncoding
 from eqvit.nn.posenc.invariant import InvariantAPE
+from eqvit.nn.posenc.learned import OrbitAPE
 from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm
 from eqvit.nn.tokenizers.planar import GroupPatchEmbed, PlanarTokenizer
 from eqvit.nn.tokenizers.platonic import LiftedSquarePatchEmbed
@@ -129,6 +131,25 @@ def _invariant_head(m: InvariantHead) -> nn.Module:
 @register_fuser(InvariantAPE)
 def _invariant_ape(m: InvariantAPE) -> nn.Module:
     return FrozenAPE(m.embedding())
+
+
+@register_fuser(OrbitAPE)
+def _orbit_ape(m: OrbitAPE) -> nn.Module:
+    return FrozenAPE(m.embedding())
+
+
+@register_fuser(AttentionInBasis)
+def _attention_in_basis(m: AttentionInBasis) -> nn.Module:
+    """``inner(x @ A) @ A^T`` with ``A`` folded into the inner layer's qkv columns and projection rows."""
+    if not isinstance(m.inner, IrrepAttention):
+        return _fuse_children(m)
+    a = m.to_inner
+    qkv_w, qkv_b, proj_w, proj_b = m.inner.fused_weights()
+    frozen = FrozenIrrepAttention(
+        m.inner, (qkv_w @ a.T, qkv_b, a.to(proj_w.dtype) @ proj_w, None if proj_b is None else a @ proj_b)
+    )
+    frozen.in_type = frozen.out_type = m.in_type
+    return frozen
 
 
 @register_fuser(GroupConvLinear)

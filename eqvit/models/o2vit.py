@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from eqvit.geometry.domain import PointDomain
 from eqvit.geometry.hexagonal import HexPatchGrid
 from eqvit.geometry.square import square_grid
@@ -22,17 +24,19 @@ from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
-from eqvit.nn.irrep_attention import head_layout
+from eqvit.nn.irrep_attention import ATTENTION_LAYOUTS, head_basis, head_layout
 from eqvit.nn.irrep_blocks import InvariantHead, irrep_block
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block
 from eqvit.nn.norm import IrrepLayerNorm
+from eqvit.nn.posenc import FrameRoPE, NoPositionalEncoding
 from eqvit.nn.posenc.invariant import InvariantAPE
 from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer
 from eqvit.nn.tokenizers.square import SQUARE_GROUPS, SquarePatchTokenizer
 from eqvit.utils import unknown_name_error
 
 GRIDS = ("square", "hex")
+POSENCS = ("invariant_ape", "frame_rope", "none")
 
 
 def o2_group(grid: str, group: str | FiniteGroup) -> FiniteGroup:
@@ -57,6 +61,7 @@ def build_o2vit(
     grid: str = "square",
     group: str | FiniteGroup = "D4",
     attention: str = "coupled",
+    posenc: str = "invariant_ape",
     in_chans: int = 3,
     num_classes: int = 38,
     img_size: int = 256,
@@ -84,7 +89,10 @@ def build_o2vit(
             ``[B, C, P]`` on ``HexPatchGrid(n_patch_side, n_pixel_side)``, D6 family).
         group: ``"D4"``, ``"C4"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (square) or ``"D6"``,
             ``"C6"``, ``"D3"``, ``"C3"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (hex).
-        attention: ``"coupled"`` (``num_heads`` heads) or ``"irrepwise"`` (``num_heads`` per irrep).
+        attention: ``"coupled"`` (``num_heads`` heads), ``"irrepwise"`` (``num_heads`` per irrep) or
+            ``"frames"`` (frames as heads in the frame basis, ``num_heads`` per frame).
+        posenc: ``"invariant_ape"`` (Sec. 4.2.2), ``"frame_rope"`` (frame RoPE on q, k in the frame basis,
+            the patch centres as positions; needs copies of the regular representation) or ``"none"``.
         embed_dim: total token width, a multiple of ``|G|``: V is ``embed_dim / |G|`` copies of the
             regular representation (overrides ``regular_copies``). Without it, ``regular_copies``
             (default ``num_heads``) copies; or explicit ``multiplicities`` ``{irrep: C_rho}``.
@@ -97,6 +105,10 @@ def build_o2vit(
         config["group"] = group.name
     if grid not in GRIDS:
         raise unknown_name_error("grid", grid, GRIDS)
+    if posenc not in POSENCS:
+        raise unknown_name_error("posenc", posenc, POSENCS)
+    if attention not in ATTENTION_LAYOUTS:
+        raise unknown_name_error("attention layout", attention, ATTENTION_LAYOUTS)
     G = o2_group(grid, group)
     if multiplicities is not None:
         ftype = FeatureType(G, multiplicities)
@@ -116,6 +128,18 @@ def build_o2vit(
         ftype = FeatureType.regular(G, regular_copies)
         copies = regular_copies
     heads = head_layout(ftype, num_heads, attention)
+    basis = head_basis(ftype, attention)
+    frame_rope = None
+    if posenc == "frame_rope":
+        channels = _frame_channels(ftype)
+        if channels < 2:
+            raise ValueError(f"frame RoPE rotates channel pairs: {ftype} has {channels} channel per frame")
+        # Rope heads = the attention's channel groups when they have an even size (coupled heads and
+        # frames-as-heads then see relative positions only); otherwise one rope head over the channel
+        # pairs of each frame (an odd last channel passes). Equivariant either way.
+        per_head = channels // num_heads
+        aligned = channels % num_heads == 0 and per_head % 2 == 0
+        frame_rope = (num_heads, per_head) if aligned else (1, 2 * (channels // 2))
     act_type, act_basis, _ = homogeneous_fourier_basis(G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies))
 
     if grid == "square":
@@ -135,11 +159,31 @@ def build_o2vit(
         token_grid = PointDomain(tokenizer.centers, name=f"the {tokenizer.num_tokens} hexagonal patch centres")
         reduction = max(1, round(hexgrid.spacing * math.sqrt(3)))  # centre-to-centre distance in pixels
     head = InvariantHead(ftype, num_classes, head_drop_rate)
-    posenc = InvariantAPE(G, tokenizer.centers, ftype)
+    if posenc == "invariant_ape":
+        scheme = InvariantAPE(G, tokenizer.centers, ftype)
+    elif posenc == "frame_rope":
+        radius = max(float(np.linalg.norm(tokenizer.centers, axis=-1).max()), reduction)
+        scheme = FrameRoPE(
+            G,
+            *frame_rope,
+            positions=tokenizer.centers.copy(),
+            min_wavelength=2.0 * reduction,
+            max_wavelength=4.0 * radius,
+        )
+    else:
+        scheme = NoPositionalEncoding()
 
     def block_fn(index: int, rate: float) -> Block:
         return irrep_block(
-            ftype, heads, FourierActivation(act_type, act_basis), rate, attn_drop_rate, qkv_bias, fused_attn
+            ftype,
+            heads,
+            FourierActivation(act_type, act_basis),
+            rate,
+            attn_drop_rate,
+            qkv_bias,
+            fused_attn,
+            basis=basis,
+            frame_rope=frame_rope,
         )
 
     model = EquivariantViT(
@@ -150,7 +194,7 @@ def build_o2vit(
         num_heads=len(heads),
         drop_rate=drop_rate,
         drop_path_rate=drop_path_rate,
-        posenc=posenc,
+        posenc=scheme,
         group=G,
         domain=domain,
         in_chans=in_chans,
@@ -166,6 +210,13 @@ def build_o2vit(
     )
     model.feature_type = ftype
     return model
+
+
+def _frame_channels(ftype: FeatureType) -> int:
+    try:
+        return ftype.in_frame_basis().channels
+    except ValueError as err:
+        raise ValueError(f"posenc='frame_rope' needs copies of the regular representation: {err}") from None
 
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:

@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+from torch import nn
 
 from eqvit.geometry.domain import PointCloudDomain, PointDomain
 from eqvit.geometry.square import square_grid
@@ -31,10 +32,13 @@ from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
 from eqvit.models.vit import EquivariantViT
+from eqvit.nn.basis import AttentionInBasis
+from eqvit.nn.irrep_attention import IrrepAttention, irrepwise_heads
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block
-from eqvit.nn.platonic import FramePoolDense, InvariantPoolHead, platonic_block
-from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding
+from eqvit.nn.platonic import SCORES, FramePoolDense, InvariantPoolHead, platonic_block
+from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding, NoPositionalEncoding, PositionalScheme
+from eqvit.nn.posenc.invariant import FrameInvariantAPE
 from eqvit.nn.regular import RegularLayerNorm
 from eqvit.nn.tokenizers.icosphere import IcosphereUnpatchify
 from eqvit.nn.tokenizers.platonic import (
@@ -44,9 +48,16 @@ from eqvit.nn.tokenizers.platonic import (
     LiftedSquarePatchEmbed,
 )
 from eqvit.nn.tokenizers.square import square_patch_layout
+from eqvit.utils import unknown_name_error
 
 SPATIAL_FRAMES = ("trivial", "T", "O", "I")
 IMAGE_FRAMES = ("C1", "C2", "C4", "D1", "D2", "D4")
+ATTENTIONS = ("frames", "coupled", "irrepwise")
+POSENCS = {
+    "points": ("frame_rope", "none"),
+    "image": ("invariant_ape", "frame_rope", "none"),
+    "sphere": ("frame_rope", "none"),
+}
 
 
 @cache
@@ -130,9 +141,28 @@ def _channels(group: FiniteGroup, embed_dim: int, num_heads: int) -> int:
     return channels
 
 
-def _blocks(group: FiniteGroup, channels: int, num_heads: int, options: dict[str, Any]):
+def _blocks(group: FiniteGroup, channels: int, num_heads: int, options: dict[str, Any], attention: str, rope: bool):
+    """Blocks with the ``attention`` layout: frames (scores per frame) and coupled (one score over all
+    frames of a channel group, the seed's invariant scores) are :class:`PlatonicAttention`; irrep-wise
+    heads run in the Fourier basis (:class:`~eqvit.nn.basis.AttentionInBasis` around an
+    :class:`IrrepAttention`, whose frame RoPE rotates q, k back in the frame basis)."""
+
+    def attn_fn() -> nn.Module | None:
+        if attention != "irrepwise":
+            return None
+        ftype = FeatureType.regular(group, channels)
+        inner = IrrepAttention(
+            ftype,
+            irrepwise_heads(ftype, num_heads),
+            qkv_bias=options["qkv_bias"],
+            attn_drop=options["attn_drop"],
+            fused=options["fused_attn"],
+            frame_rope=(num_heads, channels // num_heads) if rope else None,
+        )
+        return AttentionInBasis(inner, FeatureType.frames(group, channels))
+
     def block_fn(index: int, rate: float) -> Block:
-        return platonic_block(group, channels, num_heads, drop_path=rate, **options)
+        return platonic_block(group, channels, num_heads, drop_path=rate, attn=attn_fn(), **options)
 
     return block_fn
 
@@ -153,6 +183,8 @@ def build_platonic(
     qk_norm: bool = False,
     init_values: float | None = None,
     scores: str = "frames",
+    attention: str | None = None,
+    posenc: str = "frame_rope",
     impl: str = "auto",
     learnable_freqs: bool = False,
     min_wavelength: float | None = None,
@@ -176,6 +208,12 @@ def build_platonic(
     ``head_pool`` is the classifier's pooling over frames (:class:`InvariantPoolHead`): ``None``
     takes ``"max"`` for images and ``"mean"`` for point clouds, the one measured on each task's
     benchmark; sphere models have a dense head and take none.
+
+    ``attention``: ``"frames"`` (frames as heads, the seed's default; ``scores="frames"``), ``"coupled"``
+    (heads over all frames of a channel group; ``scores="invariant"``) or ``"irrepwise"`` (heads per irrep
+    after the Fourier transform of q, k, v); None takes it from ``scores``. ``posenc``: ``"frame_rope"``,
+    ``"none"``, or for images ``"invariant_ape"`` (the O(2) seed's invariant APE built in the irrep basis
+    and mapped to the frames).
     """
     config = {k: v for k, v in locals().items()}
     check_model_args(config)
@@ -196,6 +234,19 @@ def build_platonic(
         raise ValueError("head_pool applies to the classifiers (points, image), not to sphere models")
     if symmetry_breaking not in SYMMETRY_BREAKING:
         raise ValueError(f"unknown symmetry_breaking {symmetry_breaking!r}; valid: None, 'latitude'")
+    if scores not in SCORES:
+        raise ValueError(f"unknown scores {scores!r}; valid: {', '.join(SCORES)}")
+    if attention is None:
+        attention = "frames" if scores == "frames" else "coupled"
+    if attention not in ATTENTIONS:
+        raise unknown_name_error("attention layout", attention, ATTENTIONS)
+    if scores != "frames" and attention != "coupled":
+        raise ValueError(f"scores={scores!r} is the coupled layout; it does not go with attention={attention!r}")
+    scores = "invariant" if attention == "coupled" else "frames"
+    if posenc not in POSENCS[kind]:
+        raise unknown_name_error(f"posenc for kind {kind!r}", posenc, POSENCS[kind])
+    if attention == "irrepwise" and qk_norm:
+        raise ValueError("qk_norm is not defined for irrep-wise heads (a LayerNorm over a head is not equivariant)")
     heads = default_heads(frames, num_heads)
     if embed_dim is None:
         if target_width is None:
@@ -220,7 +271,7 @@ def build_platonic(
         depth=depth,
         num_heads=heads,
         drop_rate=drop_rate,
-        block_fn=_blocks(frames, channels, heads, options),
+        block_fn=_blocks(frames, channels, heads, options, attention, posenc == "frame_rope"),
         norm_layer=RegularLayerNorm(frames.order, channels),
         group=symmetry,
         in_chans=in_chans,
@@ -228,6 +279,13 @@ def build_platonic(
         config=config,
     )
     rope_args = dict(learnable=learnable_freqs)
+
+    def scheme(positions=None) -> PositionalScheme:
+        """The positional scheme: frame RoPE (at fixed ``positions``, or bound per batch), or none."""
+        if posenc == "frame_rope":
+            return FrameRoPE(frames, heads, channels // heads, positions=positions, **rope_args)
+        return NoPositionalEncoding()
+
     classes = 10 if num_classes is None else num_classes
 
     if kind == "points":
@@ -237,7 +295,7 @@ def build_platonic(
             tokenizer=LiftedPointEmbed(frames, in_chans, channels),
             input_encoding=CentredPoints(),
             head=head,
-            posenc=FrameRoPE(frames, heads, channels // heads, **rope_args),
+            posenc=scheme(),
             domain=PointCloudDomain(3, num_points),
             out_chans=classes or head.num_features,
             output_action="invariant",
@@ -251,7 +309,11 @@ def build_platonic(
         model = EquivariantViT(
             tokenizer=tokenizer,
             head=head,
-            posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
+            posenc=(
+                FrameInvariantAPE(frames, tokenizer.positions.numpy().copy(), FeatureType.frames(frames, channels))
+                if posenc == "invariant_ape"
+                else scheme(tokenizer.positions)
+            ),
             domain=PointDomain(
                 square_grid(img_size, img_size),
                 shape=(img_size, img_size),
@@ -278,7 +340,7 @@ def build_platonic(
         model = EquivariantViT(
             tokenizer=tokenizer,
             head=FramePoolDense(frames.order, IcosphereUnpatchify(channels, out, input_level, patch_level)),
-            posenc=FrameRoPE(frames, heads, channels // heads, positions=tokenizer.positions, **rope_args),
+            posenc=scheme(tokenizer.positions),
             domain=domain,
             input_encoding=input_encoding,
             residual=residual,

@@ -152,6 +152,24 @@ def _restrict_norm(norm: IrrepLayerNorm, V: FeatureType, W: FeatureType, R: np.n
     return new
 
 
+def _check_o2_layout(model: EquivariantViT) -> None:
+    """ValueError unless the O(2) model has the layouts restriction covers (invariant APE; coupled or
+    irrep-wise heads in the irrep basis, no rotary scheme)."""
+    from eqvit.nn.basis import IdentityBasis, NoRotary
+
+    ok = isinstance(model.posenc, InvariantAPE) and all(
+        isinstance(getattr(blk.attn, "head_basis", None), IdentityBasis)
+        and isinstance(getattr(blk.attn, "rotary", None), NoRotary)
+        for blk in model.blocks
+    )
+    if not ok:
+        config = model.config
+        raise ValueError(
+            "restrict() covers O(2) ViTs with posenc='invariant_ape' and attention 'coupled' or 'irrepwise', "
+            f"got posenc={config.get('posenc', 'invariant_ape')!r}, attention={config.get('attention')!r}"
+        )
+
+
 def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantViT:
     """An H-equivariant model computing the same function as the G-equivariant ``model`` (Theorem 2).
 
@@ -172,6 +190,7 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
         return restrict_platonic(model, subgroup)
     if not isinstance(getattr(model, "tokenizer", None), PlanarTokenizer):
         raise ValueError("restrict() expects an O(2)-subgroup ViT (o2vit_*) or a Platonic Transformer (platonic_*)")
+    _check_o2_layout(model)
     G = model.group
     H = find_subgroup(G, subgroup)
     dtype = next(model.parameters()).dtype

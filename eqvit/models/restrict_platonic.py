@@ -550,6 +550,13 @@ def restrict_platonic(model: nn.Module, subgroup: str | FiniteGroup | np.ndarray
 
     G = model.frames
     H = find_subgroup(G, subgroup)
+    if not all(isinstance(blk.attn, PlatonicAttention) for blk in model.blocks) or not isinstance(
+        model.posenc, (FrameRoPE, NoPositionalEncoding)
+    ):
+        raise ValueError(
+            "restrict() covers Platonic Transformers with attention 'frames' or 'coupled' and posenc 'frame_rope' or "
+            f"'none', got attention={model.config.get('attention')!r}, posenc={model.config.get('posenc')!r}"
+        )
     scores = {blk.attn.scores for blk in model.blocks}
     if len(scores) > 1:
         raise ValueError(f"restrict() expects the same attention scores in every block, got {sorted(scores)}")

@@ -19,10 +19,10 @@ from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.vit import EquivariantViT
-from eqvit.nn.posenc import LatitudeEncoding, LearnedAPE, NoPositionalEncoding, SO3RoPE
+from eqvit.nn.posenc import LatitudeEncoding, LearnedAPE, NoPositionalEncoding, OrbitAPE, SO3RoPE
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
 
-POSENCS = ("so3rope", "none", "ape")
+POSENCS = ("so3rope", "none", "learned", "ape")
 SYMMETRY_BREAKING = (None, "latitude")
 
 
@@ -56,7 +56,13 @@ def build_so3vit(
     drop_path_rate: float = 0.0,
     fused_attn: bool = True,
 ) -> EquivariantViT:
-    """Build an SO3ViT (or, with ``posenc="ape"``, its non-equivariant learned-APE ablation)."""
+    """Build an SO3ViT.
+
+    ``posenc``: ``"so3rope"`` (the seed's), ``"none"``, ``"learned"`` (a learned APE that is exactly
+    invariant: one vector per orbit of the token poses under the icosahedral rotations,
+    :class:`~eqvit.nn.posenc.OrbitAPE`) or ``"ape"`` (a learned vector per token, breaking every
+    symmetry: the ``vit_ape_*`` ablation).
+    """
     config = dict(locals())
     check_model_args(config)
     if posenc not in POSENCS:
@@ -72,6 +78,8 @@ def build_so3vit(
         scheme = SO3RoPE(embed_dim // num_heads, poses=tokenizer.poses)
     elif posenc == "ape":
         scheme = LearnedAPE(tokenizer.num_tokens, embed_dim)
+    elif posenc == "learned":
+        scheme = OrbitAPE(tokenizer.lifting.poses, get_group("I").elements, embed_dim)
     else:
         scheme = NoPositionalEncoding()
     group = get_group("I")

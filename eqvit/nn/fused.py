@@ -121,11 +121,12 @@ class FrozenIrrepAttention(nn.Module):
         self.sdpa = ScaledDotProductAttention(0.0, attn.fused)
         self.qkv = FrozenLinear(qkv_w, qkv_b)
         self.proj = FrozenLinear(proj_w, proj_b)
+        self.rotary = attn.rotary  # frame RoPE in the frame basis (fixed geometry), or no rotary scheme
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]``."""
         B, N = x.shape[:2]
-        qkv = self.qkv(x)  # [B, N, 3 dim], heads side by side in q, k and v
+        qkv = self.rotary(self.qkv(x), rope, num_prefix_tokens)  # [B, N, 3 dim], heads side by side
         if len(self.groups) == 1:  # all heads of one size (coupled): one reshape, like timm
             _, h, size = self.groups[0]
             q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)

@@ -25,11 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eqvit.nn.basis import FrameRotary, HeadBasis, IdentityBasis, NoRotary, permutation_matrix
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
-ATTENTION_LAYOUTS = ("coupled", "irrepwise")
+ATTENTION_LAYOUTS = ("coupled", "irrepwise", "frames")
 
 
 def _check_divisible(ftype: FeatureType, num_heads: int, what: str) -> None:
@@ -64,12 +65,43 @@ def irrepwise_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
     return heads
 
 
+def frame_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
+    """Frames as heads, in the frame basis of ``ftype`` (C copies of the regular representation):
+    ``num_heads`` heads per frame, head (j, r) holding channels ``[r C / h, (r + 1) C / h)`` of frame j
+    (coordinates of ``x @ ftype.in_frame_basis().fourier.T``). The group permutes these heads."""
+    frames = _frame_type(ftype)
+    C = frames.channels
+    if C % num_heads:
+        raise ValueError(f"frames-as-heads needs the {C} channels per frame of {ftype} divisible by {num_heads}")
+    size = C // num_heads
+    return [
+        np.arange(j * C + r * size, j * C + (r + 1) * size) for j in range(frames.group.order) for r in range(num_heads)
+    ]
+
+
+def _frame_type(ftype: FeatureType) -> FeatureType:
+    try:
+        return ftype.in_frame_basis()
+    except ValueError as err:
+        raise ValueError(f"frame RoPE and frames-as-heads need copies of the regular representation: {err}") from None
+
+
 def head_layout(ftype: FeatureType, num_heads: int, attention: str) -> list[np.ndarray]:
+    """Heads of ``attention`` (coupled, irrepwise: irrep-basis coordinates; frames: frame-basis ones,
+    see :func:`head_basis`)."""
     if attention == "coupled":
         return coupled_heads(ftype, num_heads)
     if attention == "irrepwise":
         return irrepwise_heads(ftype, num_heads)
+    if attention == "frames":
+        return frame_heads(ftype, num_heads)
     raise ValueError(f"unknown attention layout {attention!r}; valid: {', '.join(ATTENTION_LAYOUTS)}")
+
+
+def head_basis(ftype: FeatureType, attention: str) -> np.ndarray | None:
+    """The basis ``u = x @ T`` the heads of ``attention`` are laid out in: None (the irrep basis) for
+    coupled and irrep-wise heads, the inverse Fourier transform for frames-as-heads."""
+    return _frame_type(ftype).fourier.T if attention == "frames" else None
 
 
 def check_heads(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
@@ -93,6 +125,10 @@ class IrrepAttention(nn.Module):
         qkv_bias: biases (trivial irrep) in q, k, v.
         attn_drop: dropout on the attention probabilities.
         fused: SDPA (True) or the explicit reference ``softmax(q k^T / sqrt(d)) v`` (False).
+        basis: ``T [dim, dim]`` orthogonal: the heads are coordinates of ``x @ T`` (None: the irrep basis;
+            :func:`head_basis`); folded into the q/k/v rows and the projection's columns.
+        frame_rope: ``(heads, head_dim)`` of a frame RoPE scheme to apply to q and k in the frame basis
+            (:class:`~eqvit.nn.basis.FrameRotary`); None: the layer takes no rotary scheme.
     """
 
     def __init__(
@@ -102,9 +138,16 @@ class IrrepAttention(nn.Module):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         fused: bool = True,
+        basis: np.ndarray | None = None,
+        frame_rope: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
-        check_heads(ftype, heads)
+        if basis is None:
+            check_heads(ftype, heads)
+        else:
+            flat = np.concatenate([np.asarray(h) for h in heads])
+            if len(flat) != ftype.dim or not np.array_equal(np.sort(flat), np.arange(ftype.dim)):
+                raise ValueError(f"heads must partition the {ftype.dim} coordinates of {ftype}")
         self.ftype = self.in_type = self.out_type = ftype
         self.heads = [np.asarray(h, dtype=np.int64) for h in heads]
         self.num_heads = len(self.heads)
@@ -123,7 +166,17 @@ class IrrepAttention(nn.Module):
             self._groups.append((start, len(members), size))
             order += members
             start += len(members) * size
-        self.register_buffer("perm", torch.from_numpy(np.concatenate(order)), persistent=False)
+        perm = np.concatenate(order)
+        self.register_buffer("perm", torch.from_numpy(perm), persistent=False)
+        self.head_basis = IdentityBasis() if basis is None else HeadBasis(basis)
+        if frame_rope is None:
+            self.rotary = NoRotary()
+        else:
+            # q in the layout (heads side by side) -> the head basis -> the irrep basis -> frames.
+            frames = _frame_type(ftype)
+            T = np.eye(ftype.dim) if basis is None else np.asarray(basis)
+            to_frames = permutation_matrix(perm) @ T.T @ frames.fourier.T
+            self.rotary = FrameRotary(frames.group.order, frames.channels, to_frames, *frame_rope)
 
     def extra_repr(self) -> str:
         sizes = [len(h) for h in self.heads]
@@ -144,8 +197,9 @@ class IrrepAttention(nn.Module):
         lins = (modules["q"], modules["k"], modules["v"], modules["proj"])
 
         def compute():
-            perm, dim = self.perm, self.ftype.dim
+            perm, dim, basis = self.perm, self.ftype.dim, self._modules["head_basis"]
             dense = [lin.dense() for lin in lins]
+            dense = [basis.rows(w, b) for w, b in dense[:3]] + [(basis.columns(dense[3][0]), dense[3][1])]
             qkv = torch.stack([w for w, _ in dense[:3]])[:, perm].reshape(3 * dim, dim)
             bias = None
             if any(b is not None for _, b in dense[:3]):
@@ -157,9 +211,7 @@ class IrrepAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]``."""
-        if rope is not None:
-            raise ValueError("IrrepAttention takes no rotary scheme (use an invariant APE)")
-        return self.attend(x, *self.fused_weights())
+        return self.attend(x, *self.fused_weights(), rope=rope, num_prefix_tokens=num_prefix_tokens)
 
     def attend(
         self,
@@ -168,10 +220,13 @@ class IrrepAttention(nn.Module):
         qkv_b: torch.Tensor | None,
         proj_w: torch.Tensor,
         proj_b: torch.Tensor | None,
+        rope=None,
+        num_prefix_tokens: int = 0,
     ) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]`` with given fused weights (:meth:`fused_weights` or a folded form)."""
         B, N = x.shape[:2]
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
+        qkv = self.rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
         if len(self._groups) == 1:  # all heads of one size (coupled): one reshape, like timm
             _, h, size = self._groups[0]
             q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)

@@ -69,6 +69,8 @@ def irrep_block(
     qkv_bias: bool = True,
     fused: bool = True,
     norm_centers: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
+    basis: np.ndarray | None = None,
+    frame_rope: tuple[int, int] | None = None,
 ) -> Block:
     """The O(2) seed's block on irrep-wise tokens ``[B, N, ftype.dim]``: equivariant LayerNorms,
     irrep-wise attention, the Fourier-nonlinearity MLP (every part G-equivariant).
@@ -80,10 +82,13 @@ def irrep_block(
         drop_path, attn_drop: regularisation.
         fused: SDPA or the reference attention path.
         norm_centers: optional ``(norm1, norm2)`` centring coordinates (restricted models).
+        basis, frame_rope: the attention's head basis and frame RoPE split (:class:`IrrepAttention`).
     """
     return Block(
         IrrepLayerNorm(ftype, center=norm_centers[0]),
-        IrrepAttention(ftype, heads, qkv_bias=qkv_bias, attn_drop=attn_drop, fused=fused),
+        IrrepAttention(
+            ftype, heads, qkv_bias=qkv_bias, attn_drop=attn_drop, fused=fused, basis=basis, frame_rope=frame_rope
+        ),
         IrrepLayerNorm(ftype, center=norm_centers[1]),
         IrrepMlp(ftype, activation),
         drop_path=drop_path,

@@ -236,7 +236,11 @@ def _regular_fourier(group: FiniteGroup, channels: int, irrep_type: FeatureType)
 
     C(G) = C(G/{e}) is a homogeneous space; its orthogonal Fourier basis ``Q`` (``P(g) Q = Q
     blockdiag(rho(g))``) gives one copy of each irrep per column group. Channel c of copy k of rho
-    goes to irrep copy ``k * C + c`` of ``irrep_type``.
+    (rho occurs ``m = d_rho / type_factor`` times in the regular representation) goes to irrep copy
+    ``c * m + k`` of ``irrep_type``: channel-major, so that a contiguous range of channels is a
+    contiguous range of copies of every irrep. Coupled heads (:func:`~eqvit.nn.irrep_attention.coupled_heads`)
+    are then exactly channel groups over all frames (the Platonic seed's invariant scores), and frame
+    RoPE on those channels keeps its scores relative.
     """
     space = group.homogeneous_space(np.array([0]))
     Q, names = space.fourier_basis, [rho.name for rho in group.irreps]
@@ -245,8 +249,9 @@ def _regular_fourier(group: FiniteGroup, channels: int, irrep_type: FeatureType)
     col = 0
     for rho in space.representation.irreps:
         i = names.index(rho.name)
+        m = rho.dim // rho.type_factor  # copies of rho in the regular representation
         for c in range(channels):
-            first = int(irrep_type.offsets[i]) + (seen[i] * channels + c) * rho.dim
+            first = int(irrep_type.offsets[i]) + (c * m + seen[i]) * rho.dim
             out[:, c, first : first + rho.dim] = Q[:, col : col + rho.dim]
         seen[i] += 1
         col += rho.dim

@@ -144,14 +144,20 @@ def platonic_block(
     fused_attn: bool = True,
     scores: str = "frames",
     impl: str = "auto",
+    attn: nn.Module | None = None,
 ) -> Block:
     """The Platonic seed's block on regular features ``[B, N, |G| C]``: frame-shared LayerNorms,
     frames-as-heads attention, a group-convolution MLP; ``init_values`` enables LayerScale (a gamma
-    ``[C]`` shared across frames), ``None`` leaves it out."""
+    ``[C]`` shared across frames), ``None`` leaves it out. ``attn`` replaces the attention layer
+    (another head layout, e.g. irrep-wise heads in the Fourier basis)."""
     G = group.order
+    if attn is None:
+        attn = PlatonicAttention(
+            group, channels, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused_attn, scores, impl
+        )
     return Block(
         RegularLayerNorm(G, channels),
-        PlatonicAttention(group, channels, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused_attn, scores, impl),
+        attn,
         RegularLayerNorm(G, channels),
         PlatonicMlp(group, channels, int(channels * mlp_ratio), drop, impl),
         ls1=RegularLayerScale(G, channels, init_values) if init_values is not None else None,

@@ -3,7 +3,7 @@
 from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 from eqvit.nn.posenc.frame_rope import BoundFrameRoPE, FrameRoPE
 from eqvit.nn.posenc.latitude import LatitudeEncoding, legendre_polynomials
-from eqvit.nn.posenc.learned import LearnedAPE
+from eqvit.nn.posenc.learned import LearnedAPE, OrbitAPE
 from eqvit.nn.posenc.so3rope import SO3RoPE, max_order_for
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "LatitudeEncoding",
     "LearnedAPE",
     "NoPositionalEncoding",
+    "OrbitAPE",
     "PositionalScheme",
     "SO3RoPE",
     "legendre_polynomials",

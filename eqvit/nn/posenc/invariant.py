@@ -91,3 +91,24 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
         if x.shape[1] != self.num_tokens:
             raise ValueError(f"expected {self.num_tokens} tokens, got {x.shape[1]}")
         return x + self.embedding()
+
+
+class FrameInvariantAPE(InvariantAPE):
+    """The invariant APE for frame features (C copies of the regular representation on frames).
+
+    Built in the irrep basis (:class:`InvariantAPE` on ``ftype.in_irrep_basis()``) and mapped to the
+    frames with the inverse Fourier transform: ``p_frames = p_irrep @ fourier^T``. Since the transform
+    intertwines the actions, ``p_frames`` is invariant under the frame permutations.
+    """
+
+    def __init__(self, group, centers: np.ndarray, ftype: FeatureType, std: float = 0.02) -> None:
+        if ftype.basis != "frames":
+            raise ValueError(f"FrameInvariantAPE reads frame features, got {ftype}")
+        super().__init__(group, centers, ftype.in_irrep_basis(), std)
+        self.frame_type = ftype
+        self.register_exact_buffer("to_frames", torch.from_numpy(np.array(ftype.fourier.T)))
+
+    def embedding_reference(self) -> torch.Tensor:
+        """``[M, |G| C]`` the encoding on the frames."""
+        p = super().embedding_reference()
+        return p @ self.to_frames.to(p.dtype)
