@@ -1,3 +1,0 @@
-from eqvit.cli import main
-
-raise SystemExit(main())
