@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from eqvit.models.vit import EquivariantViT
 from eqvit.nn.basis import AttentionInBasis
 from eqvit.nn.fused import (
     FoldedInvariantHead,
@@ -206,6 +207,7 @@ def _reflected_stream_applies(model: nn.Module) -> bool:
     return True
 
 
+@register_fuser(EquivariantViT)
 def _fuse_model(model: nn.Module) -> nn.Module:
     if not _reflected_stream_applies(model):
         return _fuse_children(model)
@@ -215,12 +217,3 @@ def _fuse_model(model: nn.Module) -> nn.Module:
     model.blocks = nn.ModuleList(ReflectedIrrepBlock(block, norm.eps) for block in model.blocks)
     model.norm = ReflectedFinalNorm(norm)
     return _fuse_children(model)  # the head, the input encoding
-
-
-def _register_models() -> None:
-    from eqvit.models.vit import EquivariantViT
-
-    register_fuser(EquivariantViT)(_fuse_model)
-
-
-_register_models()

@@ -137,10 +137,7 @@ _GROUPS_BY_DIM = {2: "'C4', 'D4' (square grids) or 'D6' (hexagonal grids)", 3: "
 
 def _check_arguments(tolerance: object, dtype: object, num_rotations: object, batch_size: object) -> None:
     if tolerance is not None and (
-        isinstance(tolerance, bool)
-        or not isinstance(tolerance, numbers.Real)
-        or math.isnan(tolerance)
-        or tolerance < 0
+        isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or math.isnan(tolerance) or tolerance < 0
     ):
         raise ValueError(
             f"expected tolerance to be a number >= 0 (the bound on the relative error; inf only reports), "

@@ -15,7 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eqvit.nn.irrep_attention import attend_heads
+from eqvit.nn.norm import irrep_layer_norm
 from eqvit.nn.posenc.base import PositionalScheme
+from eqvit.nn.regular import fourier_group_conv
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 
@@ -60,16 +63,8 @@ class FrozenFourierConv(nn.Module):
         self.register_buffer("bias", _frozen(conv.bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        G, O, I = self.order, self.out_channels, self.in_channels
-        x_hat = torch.matmul(self.fourier, x.reshape(-1, G, I))  # [M, K, C_in]
-        outputs, row = [], 0
-        for n, d in enumerate(self.irrep_dims):
-            block = x_hat[:, row : row + d * d].reshape(-1, d, d * I)
-            outputs.append((block @ getattr(self, f"kernel_{n}")).reshape(-1, d * d, O))
-            row += d * d
-        y = torch.matmul(self.inverse_fourier, torch.cat(outputs, dim=1))  # [M, G, C_out]
-        y = y if self.bias is None else y + self.bias
-        return y.reshape(*x.shape[:-1], G * O)
+        kernels = [getattr(self, f"kernel_{n}") for n in range(len(self.irrep_dims))]
+        return fourier_group_conv(x, self.fourier, self.inverse_fourier, kernels, self.irrep_dims, self.bias)
 
 
 class FrozenLayerNorm(nn.Module):
@@ -100,9 +95,7 @@ class FrozenIrrepLayerNorm(nn.Module):
         self.register_buffer("root", beta.new_tensor(math.sqrt(dim * norm.eps)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = torch.addcmul(x, x @ self.neg_center_col, self.mask)
-        den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), self.root)
-        return torch.addcdiv(self.beta, z * self.gamma, den)
+        return irrep_layer_norm(x, self.neg_center_col, self.mask, self.gamma, self.beta, self.root)
 
 
 class FrozenIrrepAttention(nn.Module):
@@ -116,7 +109,6 @@ class FrozenIrrepAttention(nn.Module):
         super().__init__()
         qkv_w, qkv_b, proj_w, proj_b = attn.fused_weights() if weights is None else weights
         self.in_type = self.out_type = attn.ftype
-        self.dim = attn.ftype.dim
         self.groups = list(attn._groups)
         self.sdpa = ScaledDotProductAttention(0.0, attn.fused)
         self.qkv = FrozenLinear(qkv_w, qkv_b)
@@ -125,18 +117,8 @@ class FrozenIrrepAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]``."""
-        B, N = x.shape[:2]
         qkv = self.rotary(self.qkv(x), rope, num_prefix_tokens)  # [B, N, 3 dim], heads side by side
-        if len(self.groups) == 1:  # all heads of one size (coupled): one reshape, like timm
-            _, h, size = self.groups[0]
-            q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
-            return self.proj(self.sdpa(q, k, v).transpose(1, 2).reshape(B, N, h * size))
-        q, k, v = qkv.split(self.dim, dim=-1)
-        outs = []
-        for start, h, size in self.groups:
-            qh, kh, vh = (t[..., start : start + h * size].unflatten(-1, (h, size)).transpose(1, 2) for t in (q, k, v))
-            outs.append(self.sdpa(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
-        return self.proj(torch.cat(outs, dim=-1))
+        return self.proj(attend_heads(qkv, self.groups, self.sdpa))
 
 
 class FrozenMlp(nn.Module):

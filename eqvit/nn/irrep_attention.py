@@ -104,16 +104,38 @@ def head_basis(ftype: FeatureType, attention: str) -> np.ndarray | None:
     return _frame_type(ftype).fourier.T if attention == "frames" else None
 
 
-def check_heads(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
-    """ValueError unless the heads partition the coordinates into unions of whole irrep copies."""
+def check_partition(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
+    """ValueError unless the heads partition the ``ftype.dim`` coordinates."""
     flat = np.concatenate([np.asarray(h) for h in heads]) if len(heads) else np.zeros(0, dtype=np.int64)
     if len(flat) != ftype.dim or not np.array_equal(np.sort(flat), np.arange(ftype.dim)):
         raise ValueError(f"heads must partition the {ftype.dim} coordinates of {ftype}")
+
+
+def check_heads(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
+    """ValueError unless the heads partition the coordinates into unions of whole irrep copies."""
+    check_partition(ftype, heads)
     copy = ftype.copy_index
     for h in heads:
         members = np.unique(copy[h])
         if sum(len(ftype.copies[m][2]) for m in members) != len(h):
             raise ValueError("every head must hold whole irrep copies (a G-stable subspace)")
+
+
+def attend_heads(qkv: torch.Tensor, groups: Sequence[tuple[int, int, int]], sdpa: nn.Module) -> torch.Tensor:
+    """``qkv [B, N, 3 dim]`` (q, k, v each with the heads side by side, grouped by size) -> the heads'
+    outputs ``[B, N, dim]``. ``groups`` lists ``(start, heads, size)``: heads of equal size go through
+    one SDPA call (all of one size, as for coupled heads: one reshape, like timm)."""
+    B, N = qkv.shape[:2]
+    if len(groups) == 1:
+        _, h, size = groups[0]
+        q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
+        return sdpa(q, k, v).transpose(1, 2).reshape(B, N, h * size)
+    q, k, v = qkv.chunk(3, dim=-1)
+    outs = []
+    for start, h, size in groups:
+        qh, kh, vh = (t[..., start : start + h * size].unflatten(-1, (h, size)).transpose(1, 2) for t in (q, k, v))
+        outs.append(sdpa(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
+    return torch.cat(outs, dim=-1)
 
 
 class IrrepAttention(nn.Module):
@@ -142,12 +164,8 @@ class IrrepAttention(nn.Module):
         frame_rope: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
-        if basis is None:
-            check_heads(ftype, heads)
-        else:
-            flat = np.concatenate([np.asarray(h) for h in heads])
-            if len(flat) != ftype.dim or not np.array_equal(np.sort(flat), np.arange(ftype.dim)):
-                raise ValueError(f"heads must partition the {ftype.dim} coordinates of {ftype}")
+        # Heads in another basis (frames as heads) are permuted by the group, not each G-stable.
+        (check_heads if basis is None else check_partition)(ftype, heads)
         self.ftype = self.in_type = self.out_type = ftype
         self.heads = [np.asarray(h, dtype=np.int64) for h in heads]
         self.num_heads = len(self.heads)
@@ -192,22 +210,16 @@ class IrrepAttention(nn.Module):
 
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(qkv weight [3 dim, dim], qkv bias, proj weight [dim, dim], proj bias)``, heads side by side."""
-
         modules = self._modules
-        lins = (modules["q"], modules["k"], modules["v"], modules["proj"])
-
-        def compute():
-            perm, dim, basis = self.perm, self.ftype.dim, self._modules["head_basis"]
-            dense = [lin.dense() for lin in lins]
-            dense = [basis.rows(w, b) for w, b in dense[:3]] + [(basis.columns(dense[3][0]), dense[3][1])]
-            qkv = torch.stack([w for w, _ in dense[:3]])[:, perm].reshape(3 * dim, dim)
-            bias = None
-            if any(b is not None for _, b in dense[:3]):
-                bias = torch.stack([qkv.new_zeros(dim) if b is None else b for _, b in dense[:3]])
-                bias = bias[:, perm].reshape(3 * dim)
-            return qkv, bias, dense[3][0][:, perm], dense[3][1]
-
-        return compute()
+        perm, dim, basis = self.perm, self.ftype.dim, modules["head_basis"]
+        dense = [modules[name].dense() for name in ("q", "k", "v", "proj")]
+        dense = [basis.rows(w, b) for w, b in dense[:3]] + [(basis.columns(dense[3][0]), dense[3][1])]
+        qkv = torch.stack([w for w, _ in dense[:3]])[:, perm].reshape(3 * dim, dim)
+        bias = None
+        if any(b is not None for _, b in dense[:3]):
+            bias = torch.stack([qkv.new_zeros(dim) if b is None else b for _, b in dense[:3]])
+            bias = bias[:, perm].reshape(3 * dim)
+        return qkv, bias, dense[3][0][:, perm], dense[3][1]
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]``."""
@@ -224,20 +236,6 @@ class IrrepAttention(nn.Module):
         num_prefix_tokens: int = 0,
     ) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]`` with given fused weights (:meth:`fused_weights` or a folded form)."""
-        B, N = x.shape[:2]
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
         qkv = self.rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
-        if len(self._groups) == 1:  # all heads of one size (coupled): one reshape, like timm
-            _, h, size = self._groups[0]
-            q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
-            out = self.sdpa(q, k, v).transpose(1, 2).reshape(B, N, h * size)
-        else:
-            q, k, v = qkv.split(self.ftype.dim, dim=-1)
-            outs = []
-            for start, h, size in self._groups:
-                qh, kh, vh = (
-                    t[..., start : start + h * size].unflatten(-1, (h, size)).transpose(1, 2) for t in (q, k, v)
-                )
-                outs.append(self.sdpa(qh, kh, vh).transpose(1, 2).flatten(2))  # [B, N, h * size]
-            out = torch.cat(outs, dim=-1)
-        return F.linear(out, proj_w, proj_b)
+        return F.linear(attend_heads(qkv, self._groups, self.sdpa), proj_w, proj_b)

@@ -37,14 +37,8 @@ class IrrepMlp(nn.Module):
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(W1' [|X|, dim], b1', W2' [dim, |X|], b2)`` of the dense MLP on values over X."""
-
-        fc1, fc2 = self._modules["fc1"], self._modules["fc2"]
-
-        def compute():
-            (w1, b1), (w2, b2) = fc1.dense(), fc2.dense()
-            return (*self.act.fold(w1, b1, w2), b2)
-
-        return compute()
+        (w1, b1), (w2, b2) = self._modules["fc1"].dense(), self._modules["fc2"].dense()
+        return (*self.act.fold(w1, b1, w2), b2)
 
     def forward_with(
         self, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None

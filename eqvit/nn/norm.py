@@ -34,6 +34,21 @@ from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 
 
+def irrep_layer_norm(
+    x: torch.Tensor,
+    neg_center_col: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    root: torch.Tensor,
+) -> torch.Tensor:
+    """The six ops of :class:`IrrepLayerNorm` on ``x [..., dim]``, given its per-coordinate
+    ``gamma' = sqrt(dim) gamma``, ``beta``, centre ``mask``, ``-mask / n`` column and ``sqrt(dim eps)``."""
+    z = torch.addcmul(x, x @ neg_center_col, mask)
+    den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
+    return torch.addcdiv(beta, z * gamma, den)
+
+
 class IrrepLayerNorm(ExactBuffers):
     """Equivariant LayerNorm on ``[..., ftype.dim]``.
 
@@ -83,29 +98,19 @@ class IrrepLayerNorm(ExactBuffers):
 
     def affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(gamma [dim], beta [dim], centre mask [dim])`` per coordinate."""
-
-        def compute():
-            beta = self.bias.new_zeros(self.ftype.dim).index_add(0, self.bias_index, self.bias)
-            return self.weight[self.copy_index], beta, self.center_mask
-
-        return compute()
+        beta = self.bias.new_zeros(self.ftype.dim).index_add(0, self.bias_index, self.bias)
+        return self.weight[self.copy_index], beta, self.center_mask
 
     def _scaled_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`affine` with ``gamma * sqrt(dim)`` and the 0-d tensor ``sqrt(dim eps)``:
         ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / hypot(|z|, sqrt(dim eps))``."""
-
-        def compute():
-            gamma, beta, mask = self.affine()
-            root = beta.new_tensor(math.sqrt(self.ftype.dim * self.eps))
-            return gamma * math.sqrt(self.ftype.dim), beta, mask, root
-
-        return compute()
+        gamma, beta, mask = self.affine()
+        root = beta.new_tensor(math.sqrt(self.ftype.dim * self.eps))
+        return gamma * math.sqrt(self.ftype.dim), beta, mask, root
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gamma, beta, mask, root = self._scaled_affine()
-        z = torch.addcmul(x, x @ self._buffers["neg_center_col"], mask)
-        den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
-        return torch.addcdiv(beta, z * gamma, den)
+        return irrep_layer_norm(x, self._buffers["neg_center_col"], mask, gamma, beta, root)
 
     def reflect(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., dim] -> H x``: into (or, ``H`` being an involution, out of) the reflected basis."""

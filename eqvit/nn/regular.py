@@ -79,6 +79,34 @@ def _fourier_matrices(group: FiniteGroup) -> tuple[np.ndarray, np.ndarray, list[
     return transform, np.linalg.pinv(transform), [rho.dim for rho in group.irreps]
 
 
+def fourier_group_conv(
+    x: torch.Tensor,
+    fourier: torch.Tensor,
+    inverse_fourier: torch.Tensor,
+    kernels: list[torch.Tensor],
+    irrep_dims: list[int],
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """A group convolution in the Fourier domain: ``x [..., |G| C_in] -> [..., |G| C_out]``.
+
+    ``fourier [K, |G|]`` and ``inverse_fourier [|G|, K]`` transform the frame axis (:func:`_fourier_matrices`),
+    ``kernels[rho] [d C_in, d C_out]`` are the per-irrep ``W_hat(rho)^T``, ``bias [C_out]`` is shared over frames.
+    """
+    G = fourier.shape[1]
+    I = kernels[0].shape[0] // irrep_dims[0]
+    O = kernels[0].shape[1] // irrep_dims[0]
+    x_hat = torch.matmul(fourier, x.reshape(-1, G, I))  # [M, K, C_in]
+    outputs, row = [], 0
+    for d, kernel in zip(irrep_dims, kernels):
+        block = x_hat[:, row : row + d * d].reshape(-1, d, d * I)  # [M, a, (b, i)]
+        outputs.append((block @ kernel).reshape(-1, d * d, O))
+        row += d * d
+    y = torch.matmul(inverse_fourier, torch.cat(outputs, dim=1))  # [M, G, C_out]
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], G * O)
+
+
 class GroupConvLinear(ExactBuffers):
     """Equivariant linear map on regular features: a group convolution over the frames.
 
@@ -219,18 +247,9 @@ class GroupConvLinear(ExactBuffers):
 
     def forward_fourier(self, x: torch.Tensor) -> torch.Tensor:
         """The Fourier-domain form: ``f_hat(rho) = sum_g f(g) rho(g)``, ``y_hat = f_hat W_hat``, back."""
-        G, O, I = self.order, self.out_channels, self.in_channels
-        lead = x.shape[:-1]
-        x_hat = torch.matmul(self.fourier, x.reshape(-1, G, I))  # [M, K, C_in]
-        outputs, row = [], 0
-        for d, kernel in zip(self.irrep_dims, self.fourier_kernels()):
-            block = x_hat[:, row : row + d * d].reshape(-1, d, d * I)  # [M, a, (b, i)]
-            outputs.append((block @ kernel).reshape(-1, d * d, O))
-            row += d * d
-        y = torch.matmul(self.inverse_fourier, torch.cat(outputs, dim=1))  # [M, G, C_out]
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*lead, G * O)
+        return fourier_group_conv(
+            x, self.fourier, self.inverse_fourier, self.fourier_kernels(), self.irrep_dims, self.bias
+        )
 
 
 class RegularLayerNorm(nn.Module):

@@ -106,13 +106,8 @@ class GroupPatchEmbed(ExactBuffers):
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(filters [out.dim, in_chans * K], bias [out.dim] or None)``, derived on every call."""
-        proj = self._modules["proj"]
-
-        def compute():
-            w, b = proj.dense()
-            return w @ self._buffers["filter_basis"], b
-
-        return compute()
+        w, b = self._modules["proj"].dense()
+        return w @ self._buffers["filter_basis"], b
 
     def filters(self) -> torch.Tensor:
         """``[out.dim, in_chans * K]`` the learned filters ``F = W E`` (seed, Sec. 4.2.1)."""
