@@ -20,13 +20,8 @@ from randomise import randomise_
 import eqvit
 from eqvit.groups import get_group
 from eqvit.models.restrict import SymmetryRelaxation, find_subgroup
-from eqvit.models.restrict_platonic import (
-    RestrictionContext,
-    count_parameters,
-    restrict_group_conv,
-    restrict_module,
-    spatial_subgroup_names,
-)
+from eqvit.models.restrict_platonic import RestrictionContext, restrict_group_conv, spatial_subgroup_names
+from eqvit.models.restriction import count_parameters, restrict_module
 from eqvit.nn.platonic import PlatonicAttention
 from eqvit.nn.regular import GroupConvLinear
 from eqvit.testing import EquivarianceError, assert_equivariant

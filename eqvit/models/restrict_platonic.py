@@ -32,17 +32,23 @@ parameters (usually ``m`` times as many):
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.models.restriction import (
+    Restriction,
+    as_parameter,
+    restrict_children,
+    restrict_module,
+    restrictor,
+)
 from eqvit.models.vit import EquivariantViT
+from eqvit.nn.basis import AttentionInBasis, FrameRotary, permutation_matrix
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import Block, DropPath
+from eqvit.nn.layers import Block
 from eqvit.nn.platonic import (
     FramePool,
     FramePoolDense,
@@ -50,13 +56,10 @@ from eqvit.nn.platonic import (
     PlatonicAttention,
     PlatonicMlp,
 )
-from eqvit.nn.posenc.base import NoPositionalEncoding
 from eqvit.nn.posenc.frame_rope import FrameRoPE
-from eqvit.nn.posenc.latitude import LatitudeEncoding
+from eqvit.nn.posenc.invariant import FrameInvariantAPE
 from eqvit.nn.regular import FOURIER_COST_RATIO, GroupConvLinear, LiftToGroup, RegularLayerNorm, RegularLayerScale
-from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
 from eqvit.nn.tokenizers.platonic import (
-    CentredPoints,
     LiftedIcosphereEmbed,
     LiftedPointEmbed,
     LiftedSquarePatchEmbed,
@@ -119,8 +122,7 @@ def find_spatial_subgroup(group: FiniteGroup, subgroup: str) -> FiniteGroup:
 # the context: cosets and the feature permutation
 
 
-@dataclass
-class RestrictionContext:
+class RestrictionContext(Restriction):
     """G, H, the right-coset representatives and the maps between G and H regular features.
 
     Attributes:
@@ -132,12 +134,11 @@ class RestrictionContext:
             frame RoPE's heads are laid out.
     """
 
-    G: FiniteGroup
-    H: FiniteGroup
-    cosets: np.ndarray
-    element: np.ndarray
-    scores: str = "frames"
-    memo: dict = field(default_factory=dict)
+    def __init__(
+        self, G: FiniteGroup, H: FiniteGroup, cosets: np.ndarray, element: np.ndarray, scores: str = "frames"
+    ) -> None:
+        super().__init__(G, H)
+        self.cosets, self.element, self.scores = cosets, element, scores
 
     @classmethod
     def build(cls, G: FiniteGroup, H: FiniteGroup, scores: str = "frames", cosets=None) -> RestrictionContext:
@@ -185,6 +186,11 @@ class RestrictionContext:
         """The restricted type of ``FeatureType.frames(G, channels)``: ``FeatureType.frames(H, m C)``."""
         return FeatureType.frames(self.H, self.index * channels)
 
+    def restricted_type(self, ftype: FeatureType) -> FeatureType:
+        if ftype.basis != "frames":
+            raise ValueError(f"a Platonic restriction maps frame features, got {ftype}")
+        return self.feature_type(ftype.channels)
+
     def kernel_index(self) -> np.ndarray:
         """``[m, |H|, m]``: G index of ``r_k'^-1 h_a r_k`` (which G kernel value sits where in the H kernel)."""
         G = self.G
@@ -193,80 +199,6 @@ class RestrictionContext:
     def turned(self, vectors: np.ndarray) -> np.ndarray:
         """``[m, ..., d]``: ``R_{r_k} v`` for each coset k and each vector ``v [..., d]``."""
         return np.einsum("kij,...j->k...i", self.G.elements[self.cosets], vectors)
-
-
-# ------------------------------------------------------------------------------------------------
-# the protocol
-
-RESTRICTORS: dict[type, Callable[[nn.Module, RestrictionContext], nn.Module]] = {}
-
-# Modules that do not see the frames (pointwise maps, dropout, invariant data): copied as they are.
-GROUP_AGNOSTIC: tuple[type, ...] = (
-    nn.Identity,
-    nn.Dropout,
-    nn.GELU,
-    DropPath,
-    NoPositionalEncoding,
-    LatitudeEncoding,
-    IcospherePatchEmbed,
-    IcosphereUnpatchify,
-    CentredPoints,
-)
-
-
-def restrictor(*types: type) -> Callable:
-    """Register ``fn(module, context) -> module`` as the restriction of modules of ``types``."""
-
-    def register(fn: Callable) -> Callable:
-        for t in types:
-            RESTRICTORS[t] = fn
-        return fn
-
-    return register
-
-
-def restrict_module(module: nn.Module, context: RestrictionContext) -> nn.Module:
-    """``module`` restricted to ``context.H``: the restrictor of its type (along the MRO), a copy for
-    group-agnostic modules, a ValueError naming the type otherwise."""
-    hit = context.memo.get(id(module))
-    if hit is not None:  # a module registered twice (the model's posenc and rope) stays one module
-        return hit[1]
-    for t in type(module).__mro__:
-        if t in RESTRICTORS:
-            new = RESTRICTORS[t](module, context)
-            break
-    else:
-        if not isinstance(module, GROUP_AGNOSTIC):
-            raise ValueError(
-                f"no restriction to a subgroup is known for {type(module).__name__}; register one with "
-                f"eqvit.models.restrict_platonic.restrictor({type(module).__name__})"
-            )
-        new = copy.deepcopy(module)
-    context.memo[id(module)] = (module, new)
-    return new
-
-
-@restrictor(nn.ModuleList, nn.Sequential, nn.ModuleDict, Block)
-def restrict_children(module: nn.Module, context: RestrictionContext) -> nn.Module:
-    """A shallow copy of a container whose children are restricted (own parameters and buffers copied)."""
-    new = copy.copy(module)
-    new._parameters = {
-        n: None if p is None else nn.Parameter(p.detach().clone()) for n, p in module._parameters.items()
-    }
-    new._buffers = {n: None if b is None else b.clone() for n, b in module._buffers.items()}
-    new._modules = {n: None if c is None else restrict_module(c, context) for n, c in module._modules.items()}
-    if "_exact_masters" in module.__dict__:  # ExactBuffers: its own float64 masters, not the parent's
-        new.__dict__["_exact_masters"] = {n: t.clone() for n, t in module._exact_masters.items()}
-    for name in ("in_type", "out_type"):
-        ftype = module.__dict__.get(name)  # declared types; a Block reads its attention's
-        if isinstance(ftype, FeatureType) and ftype.basis == "frames":
-            setattr(new, name, context.feature_type(ftype.channels))
-    return new
-
-
-def _param(values: np.ndarray | torch.Tensor, like: torch.Tensor) -> nn.Parameter:
-    """A parameter with ``values`` in ``like``'s dtype and device."""
-    return nn.Parameter(torch.as_tensor(values).to(dtype=like.dtype, device=like.device).contiguous())
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
@@ -302,33 +234,33 @@ def restrict_group_conv(
         torch.as_tensor(out_c[None, :, None], device=dev),
         torch.as_tensor(in_c[None, None, :], device=dev),
     ]  # [|H|, m O, m I]
-    new.weight = _param(gathered, layer.weight)
+    new.weight = as_parameter(gathered, layer.weight)
     if layer.bias is not None:
-        new.bias = _param(layer.bias.detach()[torch.as_tensor(out_c, device=dev)], layer.bias)
+        new.bias = as_parameter(layer.bias.detach()[torch.as_tensor(out_c, device=dev)], layer.bias)
     return new.to(device=layer.weight.device, dtype=layer.weight.dtype)
 
 
-@restrictor(GroupConvLinear)
+@restrictor(GroupConvLinear, kind=RestrictionContext)
 def _restrict_group_conv(layer: GroupConvLinear, context: RestrictionContext) -> GroupConvLinear:
     return restrict_group_conv(layer, context)
 
 
-@restrictor(RegularLayerNorm)
+@restrictor(RegularLayerNorm, kind=RestrictionContext)
 def _restrict_layer_norm(norm: RegularLayerNorm, context: RestrictionContext) -> RegularLayerNorm:
     new = RegularLayerNorm(context.H.order, context.index * norm.channels, norm.eps)
-    new.weight = _param(norm.weight.detach().repeat(context.index), norm.weight)
-    new.bias = _param(norm.bias.detach().repeat(context.index), norm.bias)
+    new.weight = as_parameter(norm.weight.detach().repeat(context.index), norm.weight)
+    new.bias = as_parameter(norm.bias.detach().repeat(context.index), norm.bias)
     return new
 
 
-@restrictor(RegularLayerScale)
+@restrictor(RegularLayerScale, kind=RestrictionContext)
 def _restrict_layer_scale(scale: RegularLayerScale, context: RestrictionContext) -> RegularLayerScale:
     new = RegularLayerScale(context.H.order, context.index * scale.gamma.numel())
-    new.gamma = _param(scale.gamma.detach().repeat(context.index), scale.gamma)
+    new.gamma = as_parameter(scale.gamma.detach().repeat(context.index), scale.gamma)
     return new
 
 
-@restrictor(PlatonicMlp)
+@restrictor(PlatonicMlp, kind=RestrictionContext)
 def _restrict_mlp(mlp: PlatonicMlp, context: RestrictionContext) -> PlatonicMlp:
     m = context.index
     new = PlatonicMlp(context.H, m * mlp.fc1.in_channels, m * mlp.fc1.out_channels)
@@ -349,7 +281,7 @@ class ChunkedLayerNorm(nn.Module):
         return self.norm(x.unflatten(-1, (self.chunks, -1))).flatten(-2)
 
 
-@restrictor(PlatonicAttention)
+@restrictor(PlatonicAttention, kind=RestrictionContext)
 def _restrict_attention(attn: PlatonicAttention, context: RestrictionContext) -> PlatonicAttention:
     """Frames as heads: the ``|G| H`` heads become ``|H|`` frames x ``m H`` heads (channels ``(k, head, d)``).
     Invariant scores: each of the H heads sums over all G frames, i.e. over H's frames and the cosets, so
@@ -379,7 +311,7 @@ def _restrict_attention(attn: PlatonicAttention, context: RestrictionContext) ->
     return new
 
 
-@restrictor(FrameRoPE)
+@restrictor(FrameRoPE, kind=RestrictionContext)
 def _restrict_frame_rope(rope: FrameRoPE, context: RestrictionContext) -> FrameRoPE:
     """Block k of H frame h turns like G frame ``h r_k``: H's frame RoPE with frequencies ``r_k omega``."""
     m, nh, D = context.index, rope.num_heads, rope.head_dim
@@ -392,13 +324,49 @@ def _restrict_frame_rope(rope: FrameRoPE, context: RestrictionContext) -> FrameR
     new = FrameRoPE(context.H, heads, head_dim, positions=positions, learnable=rope.learnable)
     freqs = torch.from_numpy(np.ascontiguousarray(freqs))
     if rope.learnable:
-        new.freqs = _param(freqs, rope.freqs)
+        new.freqs = as_parameter(freqs, rope.freqs)
     else:
         new.freqs = freqs  # an exact buffer: the assignment replaces its float64 master
         if rope.fixed_positions:
             cos, sin = FrameRoPE._cos_sin(positions, freqs, torch.from_numpy(context.H.elements.copy()))
             new.rotation = torch.stack([cos, sin], dim=-1)
     return new.to(dtype=rope.freqs.dtype, device=rope.freqs.device)
+
+
+@restrictor(AttentionInBasis, kind=RestrictionContext)
+def _restrict_attention_in_basis(attn: AttentionInBasis, context: RestrictionContext) -> AttentionInBasis:
+    """Irrep-wise heads on frame features: the inner attention restricted as an irrep-feature layer.
+
+    The inner layer reads ``x_G A`` (``A`` the G Fourier transform); with ``x_G = x_H P`` (the frame
+    permutation) and the inner restriction ``v -> v R^T``, the restricted inner layer reads
+    ``x_H P A R^T``. Its frame RoPE rotates G's frames ``(h r_k, c)``, which are H's frames with channels
+    ``(k, c)``: the same permutation takes it to the restricted model's (H) rope.
+    """
+    from eqvit.models.restrict_irreps import IrrepRestriction
+
+    inner = attn.inner
+    irreps = IrrepRestriction.build(context.G, context.H, inner.in_type, inner.heads)
+    new_inner = restrict_module(inner, irreps)
+    _, R = irreps.map(inner.in_type)
+    C = attn.in_type.channels
+    P = permutation_matrix(context.permutation(C))  # x_H @ P = x_G
+    rotary = new_inner.rotary
+    if isinstance(rotary, FrameRotary):
+        to_h_frames = rotary._exact_masters["to_frames"].numpy() @ P.T  # layout -> G frames -> H frames
+        new_inner.rotary = FrameRotary(
+            context.H.order, context.index * C, to_h_frames, context.index * rotary.rope_heads, rotary.rope_head_dim
+        )
+    to_inner = P @ attn._exact_masters["to_inner"].numpy() @ R.T
+    return AttentionInBasis(new_inner, context.feature_type(C), to_inner=to_inner)
+
+
+@restrictor(FrameInvariantAPE, kind=RestrictionContext)
+def _restrict_frame_ape(ape: FrameInvariantAPE, context: RestrictionContext) -> FrameInvariantAPE:
+    """The encoding seen as H features (``p_H = p_G P^T``), re-expanded in H's (larger) invariant basis."""
+    C = ape.frame_type.channels
+    new = FrameInvariantAPE(context.H, ape.centers, context.feature_type(C)).double()
+    new.load_embedding_(_f64(ape.embedding())[:, context.permutation(C)])
+    return new
 
 
 # ------------------------------------------------------------------------------------------------
@@ -414,30 +382,30 @@ def _tiled_linear(linear: nn.Linear, context: RestrictionContext, weight: np.nda
         if weight is None
         else torch.from_numpy(weight.reshape(-1, weight.shape[-1]))
     )
-    new.weight = _param(w, linear.weight)
+    new.weight = as_parameter(w, linear.weight)
     if linear.bias is not None:
-        new.bias = _param(linear.bias.detach().repeat(m), linear.bias)
+        new.bias = as_parameter(linear.bias.detach().repeat(m), linear.bias)
     return new
 
 
-@restrictor(LiftToGroup)
+@restrictor(LiftToGroup, kind=RestrictionContext)
 def _restrict_lift(lift: LiftToGroup, context: RestrictionContext) -> LiftToGroup:
     return LiftToGroup(context.H).to(dtype=lift.frames.dtype, device=lift.frames.device)
 
 
-@restrictor(LiftedSquarePatchEmbed)
+@restrictor(LiftedSquarePatchEmbed, kind=RestrictionContext)
 def _restrict_square_embed(embed: LiftedSquarePatchEmbed, context: RestrictionContext) -> LiftedSquarePatchEmbed:
     """Channel ``(k, c)``'s kernel is ``W_c(r_k^-1 u)``: frame ``h`` of it reads ``W_c((h r_k)^-1 v)``."""
     m, C = context.index, embed.channels
     new = LiftedSquarePatchEmbed(context.H, embed.img_size, embed.patch_size, embed.in_chans, m * C)
     steer = embed.steer[torch.as_tensor(context.cosets, device=embed.steer.device)]  # [m, P^2]: pixel r_k^-1 u
     weight = embed.weight.detach()[:, :, steer]  # [C, C_in, m, P^2]
-    new.weight = _param(weight.permute(2, 0, 1, 3).reshape(m * C, embed.in_chans, -1), embed.weight)
-    new.bias = _param(embed.bias.detach().repeat(m), embed.bias)
+    new.weight = as_parameter(weight.permute(2, 0, 1, 3).reshape(m * C, embed.in_chans, -1), embed.weight)
+    new.bias = as_parameter(embed.bias.detach().repeat(m), embed.bias)
     return new
 
 
-@restrictor(LiftedPointEmbed)
+@restrictor(LiftedPointEmbed, kind=RestrictionContext)
 def _restrict_point_embed(embed: LiftedPointEmbed, context: RestrictionContext) -> LiftedPointEmbed:
     """``V_c . (h r_k)^-1 p = (r_k V_c) . h^-1 p``: the vector weights turned by each ``r_k``."""
     m = context.index
@@ -448,7 +416,7 @@ def _restrict_point_embed(embed: LiftedPointEmbed, context: RestrictionContext) 
     return new.to(device=like.device, dtype=like.dtype)
 
 
-@restrictor(LiftedIcosphereEmbed)
+@restrictor(LiftedIcosphereEmbed, kind=RestrictionContext)
 def _restrict_icosphere_embed(embed: LiftedIcosphereEmbed, context: RestrictionContext) -> LiftedIcosphereEmbed:
     """The invariant scalars repeated over the cosets, the pose-axis weights turned by each ``r_k``."""
     new = copy.copy(embed)
@@ -470,14 +438,14 @@ def _restrict_icosphere_embed(embed: LiftedIcosphereEmbed, context: RestrictionC
 # heads
 
 
-@restrictor(FramePool)
+@restrictor(FramePool, kind=RestrictionContext)
 def _restrict_frame_pool(pool: FramePool, context: RestrictionContext) -> FramePool:
     """Pooling over G's frames is pooling over H's frames and the cosets: ``(a, k)`` is frame ``a m + k``
     of the ``|H| m = |G|`` groups of channels, so the pool itself is unchanged (it keeps its order)."""
     return FramePool(pool.order, pool.mode)
 
 
-@restrictor(InvariantPoolHead)
+@restrictor(InvariantPoolHead, kind=RestrictionContext)
 def _restrict_pool_head(head: InvariantPoolHead, context: RestrictionContext) -> InvariantPoolHead:
     """The lift restricted; the pooling runs over H's frames and the cosets. With mean pooling and a
     classifier, the pooling over cosets folds into a classifier on all ``m K`` H-invariants (more freedom)."""
@@ -491,16 +459,16 @@ def _restrict_pool_head(head: InvariantPoolHead, context: RestrictionContext) ->
         new.pool = FramePool(context.H.order, "mean")
         new.num_features = copies * head.num_features
         fc = nn.Linear(new.num_features, head.fc.out_features, bias=head.fc.bias is not None)
-        fc.weight = _param(head.fc.weight.detach().repeat(1, copies) / copies, head.fc.weight)
+        fc.weight = as_parameter(head.fc.weight.detach().repeat(1, copies) / copies, head.fc.weight)
         if head.fc.bias is not None:
-            fc.bias = _param(head.fc.bias.detach().clone(), head.fc.bias)
+            fc.bias = as_parameter(head.fc.bias.detach().clone(), head.fc.bias)
         new.fc = fc
     else:
         new.pool = restrict_module(head.pool, context)
     return new
 
 
-@restrictor(FramePoolDense)
+@restrictor(FramePoolDense, kind=RestrictionContext)
 def _restrict_pool_dense(head: FramePoolDense, context: RestrictionContext) -> FramePoolDense:
     new = FramePoolDense(context.H.order, copy.deepcopy(head.head))
     new.pool = restrict_module(head.pool, context)
@@ -514,8 +482,14 @@ def _restrict_pool_dense(head: FramePoolDense, context: RestrictionContext) -> F
 def is_platonic(model: nn.Module) -> bool:
     """Whether ``model`` is a Platonic Transformer (``platonic_*``, or a restriction of one)."""
     return isinstance(getattr(model, "frames", None), FiniteGroup) and all(
-        isinstance(b, Block) and isinstance(b.attn, PlatonicAttention) for b in getattr(model, "blocks", [None])
+        isinstance(b, Block) for b in getattr(model, "blocks", [None])
     )
+
+
+def _scores(attn: nn.Module) -> str:
+    """How frame RoPE's heads are laid out for ``attn``: per frame (frames as heads, and the irrep-wise
+    heads whose frame RoPE rotates frames-major heads) or over all frames (coupled, invariant scores)."""
+    return attn.scores if isinstance(attn, PlatonicAttention) else "frames"
 
 
 def _symmetry(model: nn.Module, H: FiniteGroup) -> FiniteGroup:
@@ -550,14 +524,7 @@ def restrict_platonic(model: nn.Module, subgroup: str | FiniteGroup | np.ndarray
 
     G = model.frames
     H = find_subgroup(G, subgroup)
-    if not all(isinstance(blk.attn, PlatonicAttention) for blk in model.blocks) or not isinstance(
-        model.posenc, (FrameRoPE, NoPositionalEncoding)
-    ):
-        raise ValueError(
-            "restrict() covers Platonic Transformers with attention 'frames' or 'coupled' and posenc 'frame_rope' or "
-            f"'none', got attention={model.config.get('attention')!r}, posenc={model.config.get('posenc')!r}"
-        )
-    scores = {blk.attn.scores for blk in model.blocks}
+    scores = {_scores(blk.attn) for blk in model.blocks}
     if len(scores) > 1:
         raise ValueError(f"restrict() expects the same attention scores in every block, got {sorted(scores)}")
     context = RestrictionContext.build(G, H, scores.pop() if scores else "frames", cosets)
@@ -567,7 +534,7 @@ def restrict_platonic(model: nn.Module, subgroup: str | FiniteGroup | np.ndarray
     return new.to(device=like.device, dtype=like.dtype)
 
 
-@restrictor(EquivariantViT)
+@restrictor(EquivariantViT, kind=RestrictionContext)
 def restrict_model_children(model: nn.Module, context: RestrictionContext) -> nn.Module:
     """The model with every child restricted, then its group, frames, rotary scheme and token type set."""
     G, H = context.G, context.H
@@ -581,8 +548,3 @@ def restrict_model_children(model: nn.Module, context: RestrictionContext) -> nn
     new.default_cfg = new.pretrained_cfg = cfg
     new.train(model.training)
     return new
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Free parameters (numbers) of ``model``."""
-    return sum(p.numel() for p in model.parameters())

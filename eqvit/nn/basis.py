@@ -129,15 +129,29 @@ class AttentionInBasis(ExactBuffers):
 
     ``A = outer_type.fourier`` (frames -> the irrep basis), so irrep-wise heads serve Platonic
     frame features. ``eqvit.fuse`` folds ``A`` into the inner layer's projections.
+
+    Args:
+        inner: the attention on ``x @ A`` (its ``in_type`` is the type of those coordinates).
+        outer_type: the features' type.
+        to_inner: ``A [dim, dim]`` orthogonal, intertwining ``outer_type``'s action with ``inner.in_type``'s
+            (default: the Fourier transform, with ``inner.in_type`` the irrep-basis type; a restricted
+            model passes its own).
     """
 
-    def __init__(self, inner: torch.nn.Module, outer_type: FeatureType) -> None:
+    def __init__(self, inner: torch.nn.Module, outer_type: FeatureType, to_inner: np.ndarray | None = None) -> None:
         super().__init__()
-        if inner.in_type != outer_type.in_irrep_basis():
-            raise ValueError(f"the inner attention reads {inner.in_type}, expected {outer_type.in_irrep_basis()}")
+        if to_inner is None:
+            if inner.in_type != outer_type.in_irrep_basis():
+                raise ValueError(f"the inner attention reads {inner.in_type}, expected {outer_type.in_irrep_basis()}")
+            to_inner = outer_type.fourier
+        to_inner = np.array(to_inner, dtype=np.float64)
+        if to_inner.shape != (outer_type.dim, inner.in_type.dim):
+            raise ValueError(
+                f"expected a [{outer_type.dim}, {inner.in_type.dim}] change of basis, got {list(to_inner.shape)}"
+            )
         self.inner = inner
         self.in_type = self.out_type = outer_type
-        self.register_exact_buffer("to_inner", torch.from_numpy(np.array(outer_type.fourier)))
+        self.register_exact_buffer("to_inner", torch.from_numpy(to_inner))
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         a = self.to_inner.to(x.dtype)

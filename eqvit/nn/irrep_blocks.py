@@ -119,6 +119,7 @@ class InvariantHead(ExactBuffers):
         groups: Sequence[np.ndarray] | None = None,
     ) -> None:
         super().__init__()
+        self.in_type = ftype  # the class token's type; the output is invariant
         if trivial is None:
             trivial = ftype.trivial_index
         if groups is None:

@@ -52,6 +52,7 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
     def __init__(self, group, centers: np.ndarray, ftype: FeatureType, std: float = 0.02, basis=None) -> None:
         super().__init__()
         self.ftype = ftype
+        self.centers = np.array(centers, dtype=np.float64)  # kept for restriction to a subgroup
         self.num_tokens = len(centers)
         perms = permutations_for(np.asarray(centers, dtype=np.float64), group.elements) if basis is None else None
         self.pos_embed = nn.ParameterList()
@@ -87,6 +88,26 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
             parts[n] = torch.einsum("ck,kmd->mcd", self.pos_embed[k], B).flatten(1)
         return torch.cat(parts, dim=-1)
 
+    @torch.no_grad()
+    def load_embedding_(self, p: np.ndarray | torch.Tensor, atol: float = 1e-9) -> None:
+        """Set the coefficients so that :meth:`embedding` is ``p [M, V.dim]``; ValueError when ``p`` is not
+        invariant (its part outside the invariant basis is not negligible). Used to restrict models."""
+        p = torch.as_tensor(np.asarray(p, dtype=np.float64))
+        if tuple(p.shape) != (self.num_tokens, self.ftype.dim):
+            expected = [self.num_tokens, self.ftype.dim]
+            raise ValueError(f"expected an encoding of shape {expected}, got {list(p.shape)}")
+        recon = torch.zeros_like(p)
+        blocks = self.ftype.blocks()
+        for n, k, _ in self._used:
+            _, rho, c, sl = blocks[n]
+            B = self._exact_masters[f"basis_{n}"]  # [k, M, d], orthonormal
+            coeff = torch.einsum("mcd,kmd->ck", p[:, sl].reshape(len(p), c, rho.dim), B)
+            self.pos_embed[k].copy_(coeff.to(self.pos_embed[k].dtype))
+            recon[:, sl] = torch.einsum("ck,kmd->mcd", coeff, B).reshape(len(p), -1)
+        err = (recon - p).abs().max().item() if p.numel() else 0.0
+        if err > atol * max(1.0, p.abs().max().item() if p.numel() else 1.0):
+            raise ValueError(f"the encoding is not invariant for {self.ftype.group.name}: residual {err:.3e}")
+
     def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] != self.num_tokens:
             raise ValueError(f"expected {self.num_tokens} tokens, got {x.shape[1]}")
@@ -107,6 +128,11 @@ class FrameInvariantAPE(InvariantAPE):
         super().__init__(group, centers, ftype.in_irrep_basis(), std)
         self.frame_type = ftype
         self.register_exact_buffer("to_frames", torch.from_numpy(np.array(ftype.fourier.T)))
+
+    def load_embedding_(self, p: np.ndarray | torch.Tensor, atol: float = 1e-9) -> None:
+        """Set the coefficients from an encoding on the frames ``p [M, |G| C]``."""
+        p = torch.as_tensor(np.asarray(p, dtype=np.float64))
+        super().load_embedding_(p @ self._exact_masters["to_frames"].T, atol)  # the inverse of p_irrep @ to_frames
 
     def embedding_reference(self) -> torch.Tensor:
         """``[M, |G| C]`` the encoding on the frames."""

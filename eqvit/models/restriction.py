@@ -1,0 +1,139 @@
+"""Restriction to a subgroup as a protocol: every module restricts itself (escnn's ``Representation.restrict``).
+
+A *restriction* (:class:`Restriction`) holds the group G of a model, the subgroup H and how G's feature
+types become H's (for irrep features an H-equivariant isometry, for regular features a permutation of
+the frames and the cosets). :func:`restrictor` registers ``fn(module, restriction) -> module`` for a
+module type and a kind of restriction; :func:`restrict_module` looks it up along both MROs, copies
+group-agnostic modules as they are, and raises a ValueError naming the type otherwise. Containers (the
+model, blocks, MLPs, module lists) restrict their children (:func:`restrict_children`).
+
+A restricted module computes the same function on the restricted features, is H-equivariant as a
+module of H in its own right (its layers are H's layers), and has at least as many free parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from eqvit.groups import FiniteGroup
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.layers import Block, DropPath
+from eqvit.nn.posenc.base import NoPositionalEncoding
+from eqvit.nn.posenc.latitude import LatitudeEncoding
+from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
+from eqvit.nn.tokenizers.platonic import CentredPoints
+
+
+class Restriction:
+    """G, H and the map of G's feature types to H's (subclasses: irrep features, regular features).
+
+    Attributes:
+        G: the group of the model being restricted.
+        H: the subgroup (``H.parent is G``).
+        memo: restricted modules by the id of their original (a module registered twice stays one).
+    """
+
+    def __init__(self, G: FiniteGroup, H: FiniteGroup) -> None:
+        if H.parent is not G:
+            raise ValueError(f"{H!r} is not a subgroup taken from {G!r} (use find_subgroup)")
+        self.G, self.H = G, H
+        self.memo: dict[int, tuple[nn.Module, nn.Module]] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.G.name} -> {self.H.name})"
+
+    def restricted_type(self, ftype: FeatureType) -> FeatureType:
+        """The H feature type of the G feature type ``ftype``."""
+        raise NotImplementedError
+
+
+Restrictor = Callable[[nn.Module, Restriction], nn.Module]
+RESTRICTORS: dict[tuple[type, type], Restrictor] = {}
+
+# Modules that do not see the group (pointwise maps, dropout, invariant data): copied as they are.
+GROUP_AGNOSTIC: tuple[type, ...] = (
+    nn.Identity,
+    nn.Dropout,
+    nn.GELU,
+    DropPath,
+    NoPositionalEncoding,
+    LatitudeEncoding,
+    IcospherePatchEmbed,
+    IcosphereUnpatchify,
+    CentredPoints,
+)
+
+
+def restrictor(*types: type, kind: type = Restriction) -> Callable[[Restrictor], Restrictor]:
+    """Register ``fn(module, restriction) -> module`` for modules of ``types`` under restrictions of ``kind``."""
+
+    def register(fn: Restrictor) -> Restrictor:
+        for t in types:
+            RESTRICTORS[t, kind] = fn
+        return fn
+
+    return register
+
+
+def find_restrictor(module: nn.Module, restriction: Restriction) -> Restrictor | None:
+    """The most specific registered restrictor (module type first, then the kind of restriction)."""
+    for t in type(module).__mro__:
+        for kind in type(restriction).__mro__:
+            fn = RESTRICTORS.get((t, kind))
+            if fn is not None:
+                return fn
+    return None
+
+
+def restrict_module(module: nn.Module, restriction: Restriction) -> nn.Module:
+    """``module`` restricted to ``restriction.H``: its registered restrictor, a copy for group-agnostic
+    modules, a ValueError naming the type otherwise."""
+    hit = restriction.memo.get(id(module))
+    if hit is not None:  # a module registered twice (the model's posenc and rope) stays one module
+        return hit[1]
+    fn = find_restrictor(module, restriction)
+    if fn is not None:
+        new = fn(module, restriction)
+    elif isinstance(module, GROUP_AGNOSTIC):
+        new = copy.deepcopy(module)
+    else:
+        raise ValueError(
+            f"no restriction to a subgroup is known for {type(module).__name__} under "
+            f"{type(restriction).__name__}; register one with eqvit.models.restriction.restrictor"
+        )
+    restriction.memo[id(module)] = (module, new)
+    return new
+
+
+@restrictor(nn.ModuleList, nn.Sequential, nn.ModuleDict, Block)
+def restrict_children(module: nn.Module, restriction: Restriction) -> nn.Module:
+    """A shallow copy of a container whose children are restricted (own parameters and buffers copied,
+    declared ``in_type`` / ``out_type`` restricted)."""
+    new = copy.copy(module)
+    new._parameters = {
+        n: None if p is None else nn.Parameter(p.detach().clone()) for n, p in module._parameters.items()
+    }
+    new._buffers = {n: None if b is None else b.clone() for n, b in module._buffers.items()}
+    new._modules = {n: None if c is None else restrict_module(c, restriction) for n, c in module._modules.items()}
+    if "_exact_masters" in module.__dict__:  # ExactBuffers: its own float64 masters, not the parent's
+        new.__dict__["_exact_masters"] = {n: t.clone() for n, t in module._exact_masters.items()}
+    for name in ("in_type", "out_type"):
+        ftype = module.__dict__.get(name)  # declared types; a Block reads its attention's
+        if isinstance(ftype, FeatureType):
+            setattr(new, name, restriction.restricted_type(ftype))
+    return new
+
+
+def as_parameter(values: np.ndarray | torch.Tensor, like: torch.Tensor) -> nn.Parameter:
+    """A parameter with ``values`` in ``like``'s dtype and device."""
+    return nn.Parameter(torch.as_tensor(values).to(dtype=like.dtype, device=like.device).contiguous())
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Free parameters (numbers) of ``model``."""
+    return sum(p.numel() for p in model.parameters())
