@@ -40,6 +40,7 @@ from eqvit.nn.fused import (
     ReflectedIrrepBlock,
     ReflectedPlanarEmbedding,
 )
+from eqvit.nn.fused_frames import FrozenFrameAttention
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp
 from eqvit.nn.layers import Block, FeatureGather
@@ -178,6 +179,21 @@ def _platonic_attention(m: PlatonicAttention) -> nn.Module:
         index = m.head_order.index
         m.qkv = FrozenLinear(m.qkv.weight[index], None if m.qkv.bias is None else m.qkv.bias[index])
         m.head_order = nn.Identity()
+    plain = isinstance(m.q_norm, nn.Identity) and isinstance(m.k_norm, nn.Identity)
+    if m.scores == "frames" and plain and isinstance(m.head_order, nn.Identity):
+        # Frames as heads without qk-norm: timm's attention with |G| H heads and the rotation in place.
+        frozen = [isinstance(p, FrozenLinear) for p in (m.qkv, m.proj)]
+        if all(frozen):
+            return FrozenFrameAttention(
+                m.qkv.weight,
+                m.qkv.bias,
+                m.proj.weight,
+                m.proj.bias,
+                m.order * m.num_heads,
+                m.head_dim,
+                m.sdpa,
+                in_type=m.in_type,
+            )
     return m
 
 

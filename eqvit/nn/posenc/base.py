@@ -54,6 +54,12 @@ class PositionalScheme(nn.Module):
         q, k = self.rotate_qk_tokens(qk[:, :, 0], qk[:, :, 1], num_prefix_tokens)
         return qk.copy_(torch.stack([q, k], dim=2))
 
+    def rotate_qk_heads_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """:meth:`rotate_qk` in place on heads-major ``qk [2, B, H, N, D]`` (timm's layout after the qkv
+        permute). Returns ``qk``. Schemes that rotate in one op, without a copy, override it."""
+        q, k = self.rotate_qk(qk[0], qk[1], num_prefix_tokens)
+        return qk.copy_(torch.stack([q, k]))
+
 
 class NoPositionalEncoding(PositionalScheme):
     """No positional information: attention is permutation equivariant."""

@@ -166,6 +166,9 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
     def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         return _rotate_stacked_(qk, self.rotation_table(), num_prefix_tokens)
 
+    def rotate_qk_heads_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        return _rotate_heads_(qk, self.rotation_table(), num_prefix_tokens)
+
     def rotation_table(self) -> torch.Tensor:
         """(cos, sin) per channel pair at the fixed positions, ``[N, G * H, D/2, 2]`` (the buffer when the
         frequencies are fixed, recomputed when they are learned)."""
@@ -198,11 +201,22 @@ class BoundFrameRoPE(PositionalScheme):
     def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         return _rotate_stacked_(qk, self.rotation, num_prefix_tokens)
 
+    def rotate_qk_heads_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        return _rotate_heads_(qk, self.rotation, num_prefix_tokens)
+
 
 def _rotate_stacked_(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     """Rotate ``qk [B, N, 2, G * H, D]`` (q and k stacked) in place in one op; prefix tokens stay as
     they are. ``rotation [..., N', G * H, D/2, 2]`` broadcasts over the q/k axis. Returns ``qk``."""
     rotate_pairs_(qk[:, num_prefix_tokens:], rotation.unsqueeze(-4))
+    return qk
+
+
+def _rotate_heads_(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """Rotate heads-major ``qk [2, B, G * H, N, D]`` (q and k stacked, timm's layout after the qkv
+    permute) in place in one op; prefix tokens stay as they are. ``rotation [..., N', G * H, D/2, 2]``
+    is read with its token and head axes swapped (a view). Returns ``qk``."""
+    rotate_pairs_(qk[..., num_prefix_tokens:, :], rotation.transpose(-3, -4))
     return qk
 
 
