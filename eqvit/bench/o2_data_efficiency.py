@@ -81,11 +81,18 @@ SEED_FOLDER = Geometry(img_size=256, hex_grid=(9, 9), in_chans=3)  # App. F (num
 
 
 def model_kwargs(
-    grid: str, group: str, copies: int, depth: int, patch_size: int | None = 8, geometry: Geometry = MNIST
+    grid: str,
+    group: str,
+    copies: int,
+    depth: int,
+    patch_size: int | None = 8,
+    geometry: Geometry = MNIST,
+    options: dict | None = None,
 ) -> tuple[str, dict]:
-    """``(registered name, kwargs)`` of the benchmark's model (coupled attention, 3 heads)."""
+    """``(registered name, kwargs)`` of the benchmark's model (coupled attention, 3 heads, unless
+    ``options`` says otherwise, e.g. ``{"attention": "irrepwise", "irrep_heads": {...}}``)."""
     common = dict(group=group, regular_copies=copies, depth=depth, num_heads=3)
-    common.update(in_chans=geometry.in_chans, num_classes=geometry.num_classes)
+    common.update(in_chans=geometry.in_chans, num_classes=geometry.num_classes, **(options or {}))
     if grid == "square":
         return "o2vit_square_s", dict(img_size=geometry.img_size, patch_size=patch_size, **common)
     side, pixels = geometry.hex_grid
@@ -93,9 +100,15 @@ def model_kwargs(
 
 
 def build(
-    grid: str, group: str, copies: int, depth: int, patch_size: int | None = 8, geometry: Geometry = MNIST
+    grid: str,
+    group: str,
+    copies: int,
+    depth: int,
+    patch_size: int | None = 8,
+    geometry: Geometry = MNIST,
+    options: dict | None = None,
 ) -> torch.nn.Module:
-    name, kwargs = model_kwargs(grid, group, copies, depth, patch_size, geometry)
+    name, kwargs = model_kwargs(grid, group, copies, depth, patch_size, geometry, options)
     return eqvit.create_model(name, **kwargs)
 
 
@@ -140,7 +153,9 @@ def folder_config(spec: dict, geometry: Geometry, copies: int):
     validation every epoch, early stopping on validation accuracy after ``patience`` epochs."""
     from eqvit.train.config import DataConfig, ExperimentConfig, ModelConfig, OptimConfig, ScheduleConfig, TrainConfig
 
-    name, kwargs = model_kwargs(spec["grid"], spec["group"], copies, spec["depth"], spec["patch_size"], geometry)
+    name, kwargs = model_kwargs(
+        spec["grid"], spec["group"], copies, spec["depth"], spec["patch_size"], geometry, spec.get("model_options")
+    )
     return ExperimentConfig(
         model=ModelConfig(name=name, kwargs=kwargs),
         data=DataConfig(
