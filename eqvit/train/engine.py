@@ -332,6 +332,7 @@ class EarlyStopping(Callback):
         metric, mode = self._resolve(trainer)
         valid = sorted(k for k, v in _scalars(trainer.baseline).items() if isinstance(v, (int, float)))
         if metric not in valid:
+            trainer.bar.close()  # the error starts on a line of its own
             raise ConfigError(
                 f"train.monitor {metric!r} is not a metric of this task's evaluation; valid: {', '.join(valid)}"
             )
@@ -860,7 +861,8 @@ class Trainer:
             print(task.table([(name, final), (task.baseline_name.replace("_", " "), baseline)]))
             print(task.verdict(summary))
             files = ", ".join(["metrics.json", "history.csv", "loss_curve.png", *plots])
-            print(f"wrote {out}/last.safetensors (+ last.json), {files}")
+            best = " and best.safetensors (+ best.json)" if (out / "best.safetensors").is_file() else ""
+            print(f"wrote {out}/last.safetensors (+ last.json){best}, {files}")
 
 
 def train(
