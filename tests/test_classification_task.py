@@ -247,7 +247,13 @@ def test_shipped_configs_load_and_name_registered_models_and_datasets():
     import eqvit
     from eqvit.train.tasks import dataset_names
 
-    for name in ("o2vit_rotmnist", "o2vit_hex_rotmnist", "o2vit_patternnet", "platonic_pointcloud"):
+    for name in (
+        "o2vit_rotmnist",
+        "o2vit_hex_rotmnist",
+        "o2vit_patternnet",
+        "o2vit_hex_patternnet",
+        "platonic_pointcloud",
+    ):
         cfg = load_config(ROOT / "configs" / f"{name}.yaml")
         assert eqvit.models.is_model(cfg.model.name), name
         assert cfg.data.name in dataset_names(), name

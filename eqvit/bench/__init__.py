@@ -19,11 +19,12 @@ from typing import Any
 
 # name -> one line (kept here, so that listing imports no benchmark)
 BENCHMARKS: dict[str, str] = {
-    "ablate": "cross-group ablations on the sphere, images and point clouds (swe | images | points)",
+    "ablate": "cross-group ablations on the sphere, images and point clouds (swe | images | points | attention)",
     "device": "the device and the flash-attention SDPA check as JSON (benchmarks/_device.py)",
     "groups_timing": "cold construction time of the Platonic groups",
     "import_time": "start-up cost of `import eqvit` and `eqvit list` against `import torch, timm`",
-    "o2_data_efficiency": "data efficiency of O(2)-subgroup ViTs on rotated MNIST",
+    "o2_data_efficiency": "data efficiency of O(2)-subgroup ViTs on rotated MNIST or an image folder (--image-folder)",
+    "o2_gsets": "MLP G-sets of a D4 ViT: accuracy against the A1 fraction of the hidden layer (seed Fig. 6)",
     "o2_equivariance": "invariance and restriction errors of the O(2)-subgroup ViTs",
     "o2_speed": "forward time, parameters and FLOPs of the D4 O(2)-subgroup ViT against timm",
     "platonic_head_fit": "training loss of the Platonic image classifiers per frame-pooling head",

@@ -11,6 +11,11 @@ TASK is one of
   training step (the SO(3)-RoPE seed's Figure 2) and the error maps side by side (its Figure 3).
 - ``points``: Platonic trivial / T / O / I frames on the synthetic shapes (see
   ``benchmarks/platonic_pointcloud.py``), trained and tested under random SO(3) rotations.
+- ``attention``: the O(2) seed's Sec. 5.2 (Figure 5): coupled against irrep-wise attention for C4
+  with V = 4q regular copies and the Table 1 head layout (four heads of 4q features each;
+  ``irrep_heads={"A": 1, "B": 1, "E1": 2}``), q in ``--qs``, sample ratios 0.1 and 1.0, on rotated
+  MNIST (the stand-in) and, with ``--image-folder``, on the folder at 256^2 / 16^2 patches RGB
+  through the engine (the seed's epochs / patience 600/60 and 200/30).
 - ``images``: rotated MNIST, O(2) ViTs (square D4, C4, D2, C1; hexagonal D6, C6, D3; coupled and
   irrep-wise attention), Platonic C4 / D4 and a timm ViT at sample ratios 0.1 and 1.0 over seeds;
   accuracy against log10(params) (the O(2) seed's Figures 4-5). ``--image-folder DIR`` adds a
@@ -651,12 +656,166 @@ def images_report(
 
 
 # ------------------------------------------------------------------------------------------------
+# attention: the O(2) seed's Sec. 5.2 / Figure 5, coupled against irrep-wise attention for C4
+
+# Table 1: V = 4q copies of C4's regular representation, four heads of 4q features in both layouts.
+ATTENTION_LAYOUTS = {
+    "coupled": {"attention": "coupled", "num_heads": 4},  # A^q + B^q + E1^q in every head
+    "irrep-wise": {"attention": "irrepwise", "irrep_heads": {"A": 1, "B": 1, "E1": 2}},  # A^4q | B^4q | E1^2q x 2
+}
+# The seed's App. F for Sec. 5.2: sample ratio -> (max epochs, patience); MNIST runs the images schedule.
+ATTENTION_SEED_SCHEDULE = {0.1: (600, 60), 1.0: (200, 30)}
+
+
+def attention_schedule(dataset: str, ratio: float, quick: bool) -> tuple[int, int | None]:
+    if quick:
+        return (3, 1) if dataset == "folder" else image_schedule(ratio, quick)
+    return ATTENTION_SEED_SCHEDULE[ratio] if dataset == "folder" else image_schedule(ratio, quick)
+
+
+def train_attention_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """One (dataset, layout, q, ratio, seed) cell: rotated MNIST in memory, or the folder through the engine."""
+    import eqvit
+    from eqvit.bench import o2_data_efficiency as o2
+    from eqvit.train.classify import fit_classifier
+
+    torch.set_num_threads(cell["threads"])
+    options = ATTENTION_LAYOUTS[cell["layout"]]
+    copies = 4 * cell["q"]
+    start = time.perf_counter()
+    if cell["dataset"] == "folder":
+        geometry = o2.Geometry(img_size=cell["img_size"], in_chans=3, num_classes=cell["num_classes"])
+        spec = dict(
+            grid="square", group="C4", depth=cell["depth"], patch_size=cell["patch_size"],
+            image_folder=cell["image_folder"], ratio=cell["ratio"], batch_size=IMAGE_BATCH, seed=cell["seed"],
+            lr=1e-3, epochs=cell["epochs"], patience=cell["patience"], threads=cell["threads"],
+            device=cell["device"], out=cell["out"], model_options=options,
+        )  # fmt: skip
+        result = o2.train_folder_run(spec, geometry, copies)
+        model = o2.build("square", "C4", copies, cell["depth"], cell["patch_size"], geometry, options)
+        lr = 1e-3
+    else:
+        data = image_data("rotated_mnist", cell["ratio"], cell["seed"], False, None)
+        torch.manual_seed(cell["seed"])
+        model = eqvit.create_model(
+            "o2vit_square_s", group="C4", img_size=32, patch_size=IMAGE_PATCH, in_chans=1, num_classes=10,
+            regular_copies=copies, depth=cell["depth"], **options,
+        )  # fmt: skip
+        _, history = fit_classifier(
+            model, data["train"], data["val"], epochs=cell["epochs"], batch_size=IMAGE_BATCH, lr=IMAGE_LR,
+            patience=cell["patience"], seed=cell["seed"],
+        )  # fmt: skip
+        result = dict(
+            accuracy=history.best_accuracy, best_epoch=history.best_epoch + 1, epochs_run=history.epochs,
+            train_size=len(data["train"][1]), params=sum(p.numel() for p in model.parameters()),
+        )  # fmt: skip
+        lr = IMAGE_LR
+    row = {k: cell[k] for k in ("dataset", "layout", "q", "ratio", "seed", "epochs", "patience")}
+    row.update(result, head_dims=list(model.head_dims), lr=lr, seconds=time.perf_counter() - start)
+    row["loadavg"] = os.getloadavg()
+    return row
+
+
+def run_attention(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
+    from concurrent.futures import ProcessPoolExecutor
+
+    datasets = ["rotated_mnist"] + (["folder"] if args.image_folder else [])
+    ratios = [0.1] if args.quick else [0.1, 1.0]
+    qs = [1] if args.quick else args.qs
+    seeds = args.seeds[:1] if args.quick else args.seeds
+    depth = 2 if args.quick else 6
+    cells = {}
+    for dataset in datasets:
+        num_classes = 10
+        if dataset == "folder":
+            num_classes = len([p for p in Path(args.image_folder).iterdir() if p.is_dir()])
+        for ratio in ratios:
+            epochs, patience = attention_schedule(dataset, ratio, args.quick)
+            for q in qs:
+                for seed in seeds:
+                    for layout in ATTENTION_LAYOUTS:
+                        key = f"{dataset}-{slug(layout)}-q{q}-r{ratio:g}-seed{seed}"
+                        if not store.done(key):
+                            cells[key] = dict(
+                                dataset=dataset, layout=layout, q=q, ratio=ratio, seed=seed, depth=depth,
+                                epochs=epochs, patience=patience, threads=args.threads, num_classes=num_classes,
+                                image_folder=str(args.image_folder) if args.image_folder else None,
+                                img_size=args.img_size, patch_size=args.patch_size, device=args.device,
+                                out=str(store.folder / "runs" / key),
+                            )  # fmt: skip
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for key, row in zip(cells, pool.map(train_attention_cell, cells.values())):
+            store.put(key, row)
+            print(
+                f"{key}: accuracy {row['accuracy']:.3f} (heads {row['head_dims']}, {row['params']:,} params, "
+                f"{row['seconds']:.0f} s, load {row['loadavg'][0]:.1f})",
+                flush=True,
+            )
+    rows = [c for k, c in store.cells.items() if k.split("-")[0] in datasets and "layout" in c]
+    return attention_report(rows, store.folder, args)
+
+
+def attention_report(rows: list[dict], folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["ratio"], r["q"], r["layout"]), []).append(r)
+    summary = []
+    for (dataset, ratio, q, layout), runs in sorted(groups.items()):
+        mean, std = mean_std([r["accuracy"] for r in runs])
+        summary.append(
+            dict(
+                dataset=dataset, ratio=ratio, q=q, layout=layout, params=runs[0]["params"],
+                head_dims=runs[0]["head_dims"], mean=mean, std=std, seeds=len(runs),
+                epochs=(runs[0]["epochs"], runs[0]["patience"]),
+            )
+        )  # fmt: skip
+    lines = [
+        "Coupled vs irrep-wise attention, C4 with V = 4q regular copies and four heads of 4q features (the O(2) "
+        "seed's Table 1 / Sec. 5.2): best validation accuracy, mean ± std over seeds. rotated_mnist is the "
+        "shipped stand-in for PatternNet (32^2, 8^2 patches); folder runs at 256^2 / 16^2 by default.",
+        "",
+        "| dataset | ratio | q | attention | head dims | params | max epochs / patience | accuracy | seeds |",
+        "|---|---:|---:|---|---|---:|---|---:|---:|",
+    ]
+    for r in summary:
+        lines.append(
+            f"| {r['dataset']} | {r['ratio']:g} | {r['q']} | {r['layout']} | {r['head_dims']} | {r['params']:,} | "
+            f"{r['epochs'][0]} / {r['epochs'][1]} | {r['mean']:.3f} ± {r['std']:.3f} | {r['seeds']} |"
+        )
+    plt = _pyplot()
+    plots = []
+    for dataset in sorted({r["dataset"] for r in summary}):
+        ratios = sorted({r["ratio"] for r in summary if r["dataset"] == dataset})
+        fig, axes = plt.subplots(1, len(ratios), figsize=(5.5 * len(ratios), 4), squeeze=False)
+        for ax, ratio in zip(axes[0], ratios):
+            for layout in ATTENTION_LAYOUTS:
+                sel = sorted(
+                    (r for r in summary if (r["dataset"], r["ratio"], r["layout"]) == (dataset, ratio, layout)),
+                    key=lambda r: r["params"],
+                )
+                ax.errorbar([math.log10(r["params"]) for r in sel], [r["mean"] for r in sel],
+                            yerr=[r["std"] for r in sel], fmt="o-", capsize=3, label=layout)  # fmt: skip
+            ax.set_title(f"{dataset}, sample ratio {ratio:g}")
+            ax.set_xlabel("log10(parameters)")
+            ax.set_ylabel("validation accuracy")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        path = folder / f"attention_{dataset}.png"
+        fig.savefig(path, dpi=130)
+        plt.close(fig)
+        plots.append(path.name)
+    return {"summary": summary, "table": "\n".join(lines), "plots": plots}
+
+
+# ------------------------------------------------------------------------------------------------
 # driver
 
 TASKS: dict[str, Callable[[argparse.Namespace, CellStore], dict[str, Any]]] = {
     "swe": run_swe,
     "points": run_points,
     "images": run_images,
+    "attention": run_attention,
 }
 
 
@@ -667,7 +826,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--minutes", type=float, default=None, help="swe: training minutes per model")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--image-folder", type=Path, default=None, help="images: also a PatternNet-style folder")
+    parser.add_argument(
+        "--image-folder", type=Path, default=None, help="images, attention: also a PatternNet-style folder"
+    )
+    parser.add_argument("--qs", type=int, nargs="+", default=[1, 2, 3], help="attention: V = 4q regular copies")
+    parser.add_argument("--img-size", type=int, default=256, help="attention --image-folder: square side")
+    parser.add_argument("--patch-size", type=int, default=16, help="attention --image-folder: patch side")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (training; per job for images)")
     parser.add_argument("--jobs", type=int, default=2, help="images: cells trained at once, in worker processes")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -1,14 +1,26 @@
-"""Data efficiency of O(2)-subgroup ViTs on rotated MNIST (the seed's Figure 4, on MNIST).
+"""Data efficiency of O(2)-subgroup ViTs (the seed's Sec. 5.1 / Figure 4): rotated MNIST, or an image folder.
 
-Square grid: D4, C4, D2, C1 (28^2 digits padded to 32^2, P^2 patches); hexagonal grid: D6, C6, D3,
-C1 (the digits resampled bilinearly onto ``HexPatchGrid(4, 5)``). For every group the number of
-regular copies is chosen so that the parameter count is closest to each target (coupled attention,
-3 heads, depth 6, AdamW as in App. F, batch 16).
+Square grid: D4, C4, D2, C1; hexagonal grid: D6, C6, D3, C1. For every group the number of regular
+copies is chosen so that the parameter count is closest to each target (coupled attention, 3 heads,
+depth 6, AdamW as in App. F, batch 16).
+
+* **Rotated MNIST** (the shipped stand-in; PatternNet cannot be bundled): 28^2 digits padded to 32^2,
+  P^2 patches; hexagonal: the digits resampled bilinearly onto ``HexPatchGrid(4, 5)``.
+* **``--image-folder ROOT``** (PatternNet's ``images/``, or any folder with one sub-folder per
+  class), at the seed's App. F settings: RGB in [-1, 1], 256x256 with 16x16 patches; hexagonal
+  grid ``HexPatchGrid(9, 9)`` (217 patches of 217 pixels) bilinearly resampled from the 256^2 image;
+  an 80 / 20 split within each class, nested training subsets; ratios 0.1 / 0.4 / 1.0 with max
+  epochs / early-stopping patience 600/60, 150/50, 50/10 (``--seed-schedule`` gives MNIST the same);
+  lr 1e-3, no tuning. Each run is the engine's (:class:`~eqvit.train.engine.Trainer` on the lazily
+  loaded folder, ``train.patience``, the best checkpoint in ``OUT/runs/KEY/best.safetensors``).
+  ``--img-size``, ``--patch-sizes``, ``--hex-grid``, ``--depth``, ``--targets``, ``--epochs`` /
+  ``--patience`` shrink it for a smoke run (``--smoke`` does all of that).
 
 Two stages, both in one run:
 
-1. **Tuning on held-out digits.** Every group tries each learning rate in ``--lrs`` and (square
-   grid) each patch size in ``--patch-sizes``, trained on the ``--tune-ratio`` subset and scored
+1. **Tuning on held-out digits** (MNIST; skipped when ``--lrs`` and ``--patch-sizes`` give one
+   setting). Every group tries each learning rate in ``--lrs`` and (square grid) each patch size
+   in ``--patch-sizes``, trained on the ``--tune-ratio`` subset and scored
    on ``--holdout`` further training digits that no model trains on (``rotated_mnist(holdout=)``).
    The validation set is not touched. Each group keeps its best setting: every model is compared at
    its own best, chosen the same way.
@@ -29,9 +41,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 
@@ -47,21 +61,65 @@ from eqvit.train.classify import fit_classifier
 GROUPS = {"square": ["D4", "C4", "D2", "C1"], "hex": ["D6", "C6", "D3", "C1"]}
 HEX_GRID = (4, 5)
 IMG_SIZE = 32
+# The seed's App. F schedule: sample ratio -> (max epochs, early-stopping patience).
+SEED_SCHEDULE = {0.1: (600, 60), 0.4: (150, 50), 1.0: (50, 10)}
+MNIST_SCHEDULE = {0.1: (100, 30), 1.0: (30, 8)}
 
 
-def build(grid: str, group: str, copies: int, depth: int, patch_size: int | None = 8) -> torch.nn.Module:
-    common = dict(group=group, regular_copies=copies, depth=depth, num_heads=3, in_chans=1, num_classes=10)
+@dataclass(frozen=True)
+class Geometry:
+    """The input the models are built for: square side, hexagonal grid, channels, classes."""
+
+    img_size: int = IMG_SIZE
+    hex_grid: tuple[int, int] = HEX_GRID
+    in_chans: int = 1
+    num_classes: int = 10
+
+
+MNIST = Geometry()
+SEED_FOLDER = Geometry(img_size=256, hex_grid=(9, 9), in_chans=3)  # App. F (num_classes: the folder's)
+
+
+def model_kwargs(
+    grid: str,
+    group: str,
+    copies: int,
+    depth: int,
+    patch_size: int | None = 8,
+    geometry: Geometry = MNIST,
+    options: dict | None = None,
+) -> tuple[str, dict]:
+    """``(registered name, kwargs)`` of the benchmark's model (coupled attention, 3 heads, unless
+    ``options`` says otherwise, e.g. ``{"attention": "irrepwise", "irrep_heads": {...}}``)."""
+    common = dict(group=group, regular_copies=copies, depth=depth, num_heads=3)
+    common.update(in_chans=geometry.in_chans, num_classes=geometry.num_classes, **(options or {}))
     if grid == "square":
-        return eqvit.create_model("o2vit_square_s", img_size=IMG_SIZE, patch_size=patch_size, **common)
-    return eqvit.create_model("o2vit_hex_s", n_patch_side=HEX_GRID[0], n_pixel_side=HEX_GRID[1], **common)
+        return "o2vit_square_s", dict(img_size=geometry.img_size, patch_size=patch_size, **common)
+    side, pixels = geometry.hex_grid
+    return "o2vit_hex_s", dict(n_patch_side=side, n_pixel_side=pixels, **common)
+
+
+def build(
+    grid: str,
+    group: str,
+    copies: int,
+    depth: int,
+    patch_size: int | None = 8,
+    geometry: Geometry = MNIST,
+    options: dict | None = None,
+) -> torch.nn.Module:
+    name, kwargs = model_kwargs(grid, group, copies, depth, patch_size, geometry, options)
+    return eqvit.create_model(name, **kwargs)
 
 
 @cache  # builds up to ~30 models; every run and ablation cell of a group asks again
-def matched_copies(grid: str, group: str, target: int, depth: int, patch_size: int | None = 8) -> tuple[int, int]:
+def matched_copies(
+    grid: str, group: str, target: int, depth: int, patch_size: int | None = 8, geometry: Geometry = MNIST
+) -> tuple[int, int]:
     """Regular copies (a multiple of 3, one per head) whose parameter count is closest to ``target``."""
     best = None
     for copies in range(3, 97, 3):
-        n = sum(p.numel() for p in build(grid, group, copies, depth, patch_size).parameters())
+        n = sum(p.numel() for p in build(grid, group, copies, depth, patch_size, geometry).parameters())
         if best is None or abs(np.log(n / target)) < abs(np.log(best[1] / target)):
             best = (copies, n)
         if n > 2 * target:
@@ -81,9 +139,70 @@ def run_key(run: dict) -> tuple:
     return tuple(run[k] for k in ("stage", "grid", "group", "ratio", "seed", "target", "patch_size", "lr"))
 
 
+def folder_classes(root: str | Path) -> list[str]:
+    """The class sub-folders of an image folder (ValueError when there are none)."""
+    root = Path(root)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not classes:
+        raise ValueError(f"expected a folder with one sub-folder of images per class, got {str(root)!r}")
+    return classes
+
+
+def folder_config(spec: dict, geometry: Geometry, copies: int):
+    """The engine config of one folder run: the seed's App. F (AdamW, wd 0.05, constant lr, no clipping),
+    validation every epoch, early stopping on validation accuracy after ``patience`` epochs."""
+    from eqvit.train.config import DataConfig, ExperimentConfig, ModelConfig, OptimConfig, ScheduleConfig, TrainConfig
+
+    name, kwargs = model_kwargs(
+        spec["grid"], spec["group"], copies, spec["depth"], spec["patch_size"], geometry, spec.get("model_options")
+    )
+    return ExperimentConfig(
+        model=ModelConfig(name=name, kwargs=kwargs),
+        data=DataConfig(
+            name="image_folder", root=spec["image_folder"], sample_ratio=spec["ratio"], img_size=geometry.img_size,
+            val_fraction=0.2, split_seed=0, batch_size=spec["batch_size"], val_batch_size=64, seed=spec["seed"],
+        ),
+        optim=OptimConfig(name="adamw", lr=spec["lr"], weight_decay=0.05, grad_clip=None),
+        schedule=ScheduleConfig(name="constant"),
+        train=TrainConfig(
+            max_epochs=spec["epochs"], eval_every=0, eval_every_epochs=1, patience=spec["patience"],
+            monitor="accuracy", seed=spec["seed"], threads=spec["threads"], device=spec["device"],
+            log_every=10**9, out=spec["out"],
+        ),
+    )  # fmt: skip
+
+
+def train_folder_run(spec: dict, geometry: Geometry, copies: int) -> dict:
+    """One run on the image folder through the engine (lazy loading, early stopping, best.safetensors)."""
+    from eqvit.train.engine import Trainer
+
+    trainer = Trainer(folder_config(spec, geometry, copies), progress=False)
+    summary = trainer.fit()
+    spe = trainer.task.steps_per_epoch
+    return dict(
+        accuracy=summary["monitor"]["best"],
+        best_epoch=-(-summary["best_step"] // spe),
+        epochs_run=round(summary["epochs"]),
+        stopped_early=summary["stopped_early"],
+        train_size=len(trainer.task.train_set),
+        val_size=len(trainer.task.val_set),
+        params=summary["params"],
+    )
+
+
 def train_run(spec: dict) -> dict:
     """Train one model; in the tuning stage the epoch is chosen on (and the score is) the holdout digits."""
     torch.set_num_threads(spec["threads"])
+    geometry = Geometry(**{**spec["geometry"], "hex_grid": tuple(spec["geometry"]["hex_grid"])})
+    if spec.get("image_folder"):
+        copies, params = matched_copies(
+            spec["grid"], spec["group"], spec["target"], spec["depth"], spec["patch_size"], geometry
+        )
+        start = time.perf_counter()
+        result = {k: v for k, v in spec.items() if k not in ("threads", "holdout", "out", "device")}
+        result.update(copies=copies, **train_folder_run(spec, geometry, copies))
+        result["seconds"] = time.perf_counter() - start
+        return result
     tuning = spec["stage"] == "tune"
     data = load_data(spec["grid"], spec["ratio"], spec["seed"], spec["holdout"] if tuning else 0)
     copies, params = matched_copies(spec["grid"], spec["group"], spec["target"], spec["depth"], spec["patch_size"])
@@ -100,7 +219,7 @@ def train_run(spec: dict) -> dict:
         patience=spec["patience"],
         seed=spec["seed"],
     )
-    result = {k: v for k, v in spec.items() if k not in ("threads", "holdout")}
+    result = {k: v for k, v in spec.items() if k not in ("threads", "holdout", "out", "device")}
     result.update(
         copies=copies,
         params=params,
@@ -143,39 +262,113 @@ def run_all(specs: list[dict], jobs: int, runs: list[dict], save) -> None:
         pool.shutdown()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--image-folder", type=Path, default=None, metavar="ROOT",
+        help="a PatternNet-style folder (one sub-folder per class) instead of rotated MNIST, at the seed's settings",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed-schedule", action="store_true",
+        help="the seed's ratios 0.1 / 0.4 / 1.0 with epochs / patience 600/60, 150/50, 50/10 (default with "
+        "--image-folder)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--ratios", type=float, nargs="+", default=[0.1, 1.0])
+    parser.add_argument("--ratios", type=float, nargs="+", default=None, help="sample ratios (default: see above)")
     parser.add_argument("--targets", type=int, nargs="+", default=[20_000, 60_000])
     parser.add_argument(
-        "--epochs", type=int, nargs="+", default=[100, 30], help="maximum epochs: one value, or one per --ratios entry"
+        "--epochs", type=int, nargs="+", default=None, help="maximum epochs: one value, or one per --ratios entry"
     )
     parser.add_argument(
-        "--patience", type=int, nargs="+", default=[30, 8], help="early stopping: one value, or one per --ratios entry"
+        "--patience", type=int, nargs="+", default=None, help="early stopping: one value, or one per --ratios entry"
     )
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--grids", nargs="+", default=["square", "hex"], choices=list(GROUPS))
     parser.add_argument(
-        "--groups", nargs="+", default=None, help="subset of each grid's groups, in this order (default: all)"
+        "--groups",
+        nargs="+",
+        default=None,
+        help="only these groups (each on the grids whose family holds it; default: all)",
     )
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3], help="learning rates tried when tuning")
-    parser.add_argument("--patch-sizes", type=int, nargs="+", default=[4, 8], help="square patch sizes tried")
+    parser.add_argument(
+        "--lrs", type=float, nargs="+", default=None,
+        help="learning rates tried when tuning (default 1e-3 3e-3; with --image-folder the seed's 1e-3)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--patch-sizes", type=int, nargs="+", default=None,
+        help="square patch sizes tried (default 4 8; with --image-folder the seed's 16)",
+    )  # fmt: skip
+    parser.add_argument("--img-size", type=int, default=None, help="--image-folder: square side (default 256)")
+    parser.add_argument(
+        "--hex-grid", type=int, nargs=2, default=None, metavar=("N1", "N2"),
+        help="--image-folder: hexagonal patches per side and pixels per patch side (default 9 9)",
+    )  # fmt: skip
     parser.add_argument("--tune-ratio", type=float, default=0.1, help="sample ratio of the tuning runs")
     parser.add_argument("--tune-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--holdout", type=int, default=1000, help="held-out training digits that score the tuning")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes, one thread each")
+    parser.add_argument("--device", default="cpu", help="--image-folder runs: cpu, cuda, cuda:N")
     parser.add_argument("--resume", action="store_true", help="skip the runs already in OUT/runs.json")
     parser.add_argument(
         "--report-only", action="store_true", help="only rewrite summary.json and the plot from OUT/runs.json"
     )
-    parser.add_argument("--smoke", action="store_true", help="one seed, one epoch, depth 1, tiny data")
-    parser.add_argument("--out", default=str(results_dir() / "o2_data_efficiency"))
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help="one seed, one epoch, depth 1, tiny data (with --image-folder: 32^2 images, 8^2 patches, hex grid 2 4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--plan", action="store_true", help="print the runs (settings, schedule, geometry) as JSON and exit"
+    )
+    parser.add_argument("--out", default=None, help="default benchmarks/results/o2_data_efficiency[_folder]")
+    args = parser.parse_args(argv)
+    folder = args.image_folder
+    if folder is not None:
+        try:
+            classes = folder_classes(folder)
+        except ValueError as err:
+            parser.error(f"--image-folder: {err}")
+    seed_schedule = args.seed_schedule or folder is not None
+    schedule = SEED_SCHEDULE if seed_schedule else MNIST_SCHEDULE
+    if args.ratios is None:
+        args.ratios = list(schedule)
+    given_schedule = args.epochs is not None or args.patience is not None
+    if args.epochs is None or args.patience is None:
+        missing = [r for r in args.ratios if r not in schedule]
+        if missing:
+            parser.error(f"--ratios {missing} have no default schedule; give --epochs and --patience")
+        args.epochs = args.epochs or [schedule[r][0] for r in args.ratios]
+        args.patience = args.patience or [schedule[r][1] for r in args.ratios]
+    args.lrs = args.lrs or ([1e-3] if folder is not None else [1e-3, 3e-3])
+    args.patch_sizes = args.patch_sizes or ([16] if folder is not None else [4, 8])
+    if folder is None and (args.img_size is not None or args.hex_grid is not None):
+        parser.error("--img-size and --hex-grid set the --image-folder geometry (rotated MNIST is 32^2, hex 4 5)")
     if args.smoke:
-        args.seeds, args.epochs, args.patience, args.depth = [0], [1], [1], 1
-        args.ratios, args.targets, args.tune_ratio, args.holdout = [0.01], [5_000], 0.01, 40
+        args.seeds, args.depth, args.targets, args.tune_ratio, args.holdout = [0], 1, [5_000], 0.01, 40
+        if not given_schedule:
+            args.epochs, args.patience = [1] * len(args.ratios), [1] * len(args.ratios)
+        if folder is None:
+            args.ratios, args.epochs, args.patience = [0.01], [1], [1]
+        else:
+            args.img_size, args.hex_grid, args.patch_sizes = args.img_size or 32, args.hex_grid or [2, 4], [8]
+    geometry = MNIST
+    if folder is not None:
+        geometry = Geometry(
+            img_size=args.img_size or SEED_FOLDER.img_size,
+            hex_grid=tuple(args.hex_grid or SEED_FOLDER.hex_grid),
+            in_chans=3,
+            num_classes=len(classes),
+        )
+        if "square" in args.grids:
+            bad = [p for p in args.patch_sizes if geometry.img_size % p]
+            if bad:
+                parser.error(f"--patch-sizes {bad} do not divide --img-size {geometry.img_size}")
+    tune = len(args.lrs) > 1 or len(args.patch_sizes) > 1
+    if tune and folder is not None:
+        parser.error(
+            "--image-folder runs at one setting (the seed's lr 1e-3, 16^2 patches): give one --lrs and one "
+            "--patch-sizes value (tuning needs the held-out MNIST digits)"
+        )
 
     def per_ratio(name: str, values: list[int]) -> dict[float, int]:
         if len(values) not in (1, len(args.ratios)):
@@ -183,17 +376,23 @@ def main() -> None:
         return dict(zip(args.ratios, values * len(args.ratios) if len(values) == 1 else values))
 
     epochs_at, patience_at = per_ratio("epochs", args.epochs), per_ratio("patience", args.patience)
-    for grid in args.grids:
-        unknown = [g for g in args.groups or [] if g not in GROUPS[grid]]
-        if unknown:
-            parser.error(f"--groups {unknown} are not in the {grid} grid's family {GROUPS[grid]}")
+    unknown = [g for g in args.groups or [] if not any(g in GROUPS[grid] for grid in args.grids)]
+    if unknown:
+        families = "; ".join(f"{grid}: {' '.join(GROUPS[grid])}" for grid in args.grids)
+        parser.error(f"--groups {unknown} are in none of the grids' families ({families})")
     if args.tune_ratio not in epochs_at:
         epochs_at[args.tune_ratio], patience_at[args.tune_ratio] = max(args.epochs), max(args.patience)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    default_out = "o2_data_efficiency" if folder is None else f"o2_data_efficiency_{folder.resolve().name}"
+    out = Path(args.out) if args.out else results_dir() / default_out
+    if not args.plan:
+        out.mkdir(parents=True, exist_ok=True)
     invocation = {k: v for k, v in vars(args).items() if k not in ("out", "resume", "smoke", "report_only")} | {
+        "image_folder": str(folder) if folder is not None else None,
+        "dataset": "rotated_mnist (stand-in)" if folder is None else f"image folder {folder} ({len(classes)} classes)",
+        "geometry": asdict(geometry),
         "platform": platform.platform(),
         "torch": torch.__version__,
+        "loadavg_start": os.getloadavg(),
     }
     previous = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
     if args.report_only:
@@ -205,10 +404,13 @@ def main() -> None:
     done = {run_key(r) for r in runs}
 
     def spec(stage: str, grid: str, group: str, ratio: float, seed: int, target: int, patch, lr: float) -> dict:
+        key = f"{grid}-{group}-r{ratio:g}-t{target}-p{patch}-lr{lr:g}-seed{seed}"
         return dict(
             stage=stage, grid=grid, group=group, ratio=ratio, seed=seed, target=target, patch_size=patch, lr=lr,
             epochs=epochs_at[ratio], patience=patience_at[ratio], batch_size=args.batch_size, depth=args.depth,
-            holdout=args.holdout, threads=1,
+            holdout=args.holdout, threads=1, geometry=asdict(geometry),
+            image_folder=str(folder) if folder is not None else None, device=args.device,
+            out=str(out / "runs" / key),
         )  # fmt: skip
 
     def save(chosen: dict | None = None) -> None:
@@ -216,16 +418,40 @@ def main() -> None:
         (out / "runs.json").write_text(json.dumps({"settings": settings, "chosen": rows, "runs": runs}, indent=2))
 
     wall = time.perf_counter()
-    cells = [(grid, group, t) for grid in args.grids for group in args.groups or GROUPS[grid] for t in args.targets]
+    cells = [
+        (grid, group, t)
+        for grid in args.grids
+        for group in GROUPS[grid]
+        if args.groups is None or group in args.groups
+        for t in args.targets
+    ]
     tune_specs = [
         spec("tune", grid, group, args.tune_ratio, seed, target, patch if grid == "square" else None, lr)
         for grid, group, target in cells
         for patch in (args.patch_sizes if grid == "square" else [None])
         for lr in args.lrs
         for seed in args.tune_seeds
-    ]
-    run_all([s for s in tune_specs if run_key(s) not in done], args.jobs, runs, save)
-    chosen = choose([r for r in runs if r["stage"] == "tune" and run_key(r) in {run_key(s) for s in tune_specs}])
+    ] if tune else []  # fmt: skip
+    single = {
+        (grid, group, target): dict(
+            patch_size=args.patch_sizes[0] if grid == "square" else None, lr=args.lrs[0], holdout_accuracy=None
+        )
+        for grid, group, target in cells
+    }
+    if args.plan:  # the tuning runs, or (one setting) the evaluation runs
+        plan = tune_specs or [
+            spec("eval", grid, group, ratio, seed, target, single[grid, group, target]["patch_size"], args.lrs[0])
+            for grid, group, target in cells
+            for ratio in args.ratios
+            for seed in args.seeds
+        ]
+        print(json.dumps({"settings": invocation, "tune": tune, "runs": plan}, indent=2, default=str))
+        return
+    if tune:
+        run_all([s for s in tune_specs if run_key(s) not in done], args.jobs, runs, save)
+        chosen = choose([r for r in runs if r["stage"] == "tune" and run_key(r) in {run_key(s) for s in tune_specs}])
+    else:  # one setting: nothing to choose
+        chosen = single
     save(chosen)
     eval_specs = [
         spec("eval", grid, group, ratio, seed, target, chosen[grid, group, target]["patch_size"],
@@ -235,7 +461,9 @@ def main() -> None:
         for seed in args.seeds
     ]  # fmt: skip
     run_all([s for s in eval_specs if run_key(s) not in done], args.jobs, runs, lambda: save(chosen))
-    print(f"wall time {time.perf_counter() - wall:.0f} s")
+    print(f"wall time {time.perf_counter() - wall:.0f} s, load average {os.getloadavg()}")
+    settings[-1]["loadavg_end"] = os.getloadavg()
+    save(chosen)
     evaluated = {run_key(s) for s in eval_specs}
     report([r for r in runs if run_key(r) in evaluated], settings, out, chosen)
 
@@ -250,6 +478,8 @@ def report(runs: list[dict], settings: list[dict], out: Path, chosen: dict | lis
         json.dumps({"settings": settings, "chosen": chosen, "summary": summary}, indent=2)
     )
     for c in chosen:
+        if c.get("holdout_accuracy") is None:
+            continue  # one setting, not tuned
         print(
             f"chosen on {c['grid']} {c['group']} (target {c['target']}): patch {c['patch_size']}, lr {c['lr']:g} "
             f"(holdout accuracy {100 * c['holdout_accuracy']:.1f} %)"
@@ -284,6 +514,7 @@ def summarise(runs: list[dict]) -> list[dict]:
                 epochs_mean=float(np.mean([r.get("epochs_run", r["epochs"]) for r in sel])),
                 best_epoch_mean=float(np.mean([r["best_epoch"] for r in sel])),
                 seconds_mean=float(np.mean([r["seconds"] for r in sel])),
+                stopped_early=int(sum(bool(r.get("stopped_early")) for r in sel)),
             )
         )
     for row in rows:
@@ -299,7 +530,7 @@ def summarise(runs: list[dict]) -> list[dict]:
 def print_summary(rows: list[dict]) -> None:
     print(
         f"{'grid':<7} {'ratio':>5} {'target':>7} {'group':<5} {'patch':>5} {'lr':>6} {'params':>7} {'seeds':>5} "
-        f"{'accuracy (%)':>14} {'vs C1':>6} {'epochs':>6} {'best ep':>7} {'s/run':>6}"
+        f"{'accuracy (%)':>14} {'vs C1':>6} {'epochs':>6} {'best ep':>7} {'stopped':>7} {'s/run':>6}"
     )
     for r in rows:
         gap = f"{r['gap_to_C1_points']:+.1f}" if r["gap_to_C1_points"] is not None else ""
@@ -307,7 +538,7 @@ def print_summary(rows: list[dict]) -> None:
             f"{r['grid']:<7} {r['ratio']:>5} {r['target']:>7} {r['group']:<5} {r['patch_size'] or '-'!s:>5} "
             f"{r['lr'] or 0:>6g} {r['params']:>7} {len(r['seeds']):>5} "
             f"{r['accuracy_mean']:>7.2f} ± {r['accuracy_std']:<4.2f} {gap:>6} {r['epochs_mean']:>6.0f} "
-            f"{r['best_epoch_mean']:>7.0f} {r['seconds_mean']:>6.0f}"
+            f"{r['best_epoch_mean']:>7.0f} {r.get('stopped_early', 0):>7} {r['seconds_mean']:>6.0f}"
         )
 
 

@@ -49,11 +49,53 @@ def o2_group(grid: str, group: str | FiniteGroup) -> FiniteGroup:
     return get_group(group)
 
 
+def subgroup_names(group: FiniteGroup) -> dict[str, np.ndarray]:
+    """``{name: sorted element indices}`` of every subgroup of ``group``, by the names eqvit gives them
+    (:func:`~eqvit.groups.planar.identify_planar_subgroup`: ``C2``, ``D1``, ``D1[45deg]``, ``D2[45deg]``, ...)."""
+    names: dict[str, np.ndarray] = {}
+    for idx in group.all_subgroups():
+        names.setdefault(group.subgroup(idx).name, np.asarray(idx, dtype=np.int64))
+    return names
+
+
 def default_mlp_spaces(group: FiniteGroup, mlp_spaces: Sequence | None, copies: float) -> list:
-    """Default MLP G-set: ``copies`` regular orbits (the seed's default, Sec. 5.1)."""
-    if mlp_spaces is not None:
-        return [(s, int(n)) for s, n in mlp_spaces]
-    return [("regular", max(1, int(round(copies))))]
+    """The MLP G-set as ``(subgroup indices | "regular" | "trivial", count)`` pairs.
+
+    Default: ``copies`` regular orbits (the seed's default, Sec. 5.1). In ``mlp_spaces`` a subgroup H
+    (orbit G/H) is given by its name (``("C4", 1)``, ``("D2[45deg]", 1)``; the seed's Sec. 5.3 uses
+    ``[("C4", n), ("D1", n), ("D2[45deg]", n)]`` for D4), by element indices, or as ``"regular"``
+    (H = {e}) / ``"trivial"`` (H = G, one point).
+    """
+    if mlp_spaces is None:
+        return [("regular", max(1, int(round(copies))))]
+    out = []
+    names = None
+    for entry in mlp_spaces:
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise ValueError(f"mlp_spaces: expected (subgroup, count) pairs, got {entry!r}")
+        spec, count = entry
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise ValueError(f"mlp_spaces: expected a count >= 0 for {spec!r}, got {count!r}")
+        if isinstance(spec, str) and spec not in ("regular", "trivial"):
+            names = names if names is not None else subgroup_names(group)
+            if spec not in names:
+                raise unknown_name_error(f"subgroup of {group.name} (mlp_spaces)", spec, ["regular", "trivial", *names])
+            spec = names[spec]
+        out.append((spec, int(count)))
+    return out
+
+
+def trivial_fraction(group: FiniteGroup, spaces: Sequence) -> float:
+    """The fraction of trivial-irrep (A / A1) features in ``C(X, R)`` for the G-set ``spaces``
+    (:func:`default_mlp_spaces` pairs): one per orbit, so ``#orbits / |X|`` (1/8 for D4's regular orbits)."""
+    orbits = points = 0
+    for spec, count in default_mlp_spaces(group, spaces, 1):
+        if isinstance(spec, str):
+            size = group.order if spec == "regular" else 1
+        else:
+            size = group.order // len(spec)
+        orbits, points = orbits + count, points + count * size
+    return orbits / points
 
 
 def build_o2vit(
@@ -73,6 +115,7 @@ def build_o2vit(
     multiplicities: dict[str, int] | None = None,
     depth: int = 6,
     num_heads: int = 3,
+    irrep_heads: dict[str, int] | None = None,
     mlp_ratio: float = 2.0,
     mlp_spaces: Sequence | None = None,
     qkv_bias: bool = True,
@@ -89,15 +132,21 @@ def build_o2vit(
             ``[B, C, P]`` on ``HexPatchGrid(n_patch_side, n_pixel_side)``, D6 family).
         group: ``"D4"``, ``"C4"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (square) or ``"D6"``,
             ``"C6"``, ``"D3"``, ``"C3"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (hex).
-        attention: ``"coupled"`` (``num_heads`` heads), ``"irrepwise"`` (``num_heads`` per irrep) or
-            ``"frames"`` (frames as heads in the frame basis, ``num_heads`` per frame).
+        attention: ``"coupled"`` (``num_heads`` heads), ``"irrepwise"`` (``num_heads`` per irrep, or
+            ``irrep_heads``) or ``"frames"`` (frames as heads in the frame basis, ``num_heads`` per frame).
+        irrep_heads: irrep-wise attention only: ``{irrep name: heads}``, a number of heads per irrep
+            (names ``G.irreps[i].name``; the seed's ``E`` stands for ``E1`` where that is the only 2-d
+            irrep). The seed's Table 1 for C4 with ``regular_copies=4q``: ``{"A": 1, "B": 1, "E1": 2}``,
+            four heads of 4q features. ValueError when a count does not divide the multiplicity.
+            ``model.head_dims`` lists the width of every head.
         posenc: ``"invariant_ape"`` (Sec. 4.2.2), ``"frame_rope"`` (frame RoPE on q, k in the frame basis,
             the patch centres as positions; needs copies of the regular representation) or ``"none"``.
         embed_dim: total token width, a multiple of ``|G|``: V is ``embed_dim / |G|`` copies of the
             regular representation (overrides ``regular_copies``). Without it, ``regular_copies``
             (default ``num_heads``) copies; or explicit ``multiplicities`` ``{irrep: C_rho}``.
         mlp_ratio: the MLP G-set is ``mlp_ratio * regular_copies`` regular orbits unless
-            ``mlp_spaces`` lists ``(subgroup indices | "regular" | "trivial", count)`` pairs.
+            ``mlp_spaces`` lists ``(subgroup, count)`` pairs, the subgroup named (``"C2"``, ``"D1"``,
+            ``"D2[45deg]"``; see :func:`subgroup_names`), as element indices, ``"regular"`` or ``"trivial"``.
     """
     config = dict(locals())
     check_model_args(config)
@@ -127,7 +176,9 @@ def build_o2vit(
             regular_copies = num_heads
         ftype = FeatureType.regular(G, regular_copies)
         copies = regular_copies
-    heads = head_layout(ftype, num_heads, attention)
+    if irrep_heads is not None and attention != "irrepwise":
+        raise ValueError(f"irrep_heads needs attention='irrepwise', got attention={attention!r}")
+    heads = head_layout(ftype, irrep_heads if irrep_heads is not None else num_heads, attention)
     basis = head_basis(ftype, attention)
     frame_rope = None
     if posenc == "frame_rope":
@@ -209,6 +260,7 @@ def build_o2vit(
         feature_reduction=reduction,
     )
     model.feature_type = ftype
+    model.head_dims = [len(h) for h in heads]  # width of each attention head, in order (every block alike)
     return model
 
 

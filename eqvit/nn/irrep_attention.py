@@ -18,7 +18,7 @@ folded into their rows/columns; these dense matrices are built on every call (eq
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -55,13 +55,53 @@ def coupled_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
     return heads
 
 
-def irrepwise_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
-    """``num_heads`` heads per irrep, each holding ``C_rho / num_heads`` copies of that irrep only."""
-    _check_divisible(ftype, num_heads, f"irrep-wise attention with {num_heads} heads per irrep")
+def irrep_head_counts(ftype: FeatureType, irrep_heads: Mapping[str, int]) -> dict[str, int]:
+    """``{irrep name: heads}`` for every irrep of ``ftype`` from a per-irrep head count.
+
+    Names are the group's (``G.irreps[i].name``: C_n ``A, B, E1, ...``; D_n ``A1, A2, B1, B2, E1, ...``);
+    the seed's ``E`` (its Table 1) is accepted for ``E1`` where that is the group's only 2-d irrep.
+    ValueError for an unknown name, a missing irrep, a count < 1, or a multiplicity the count does not divide.
+    """
+    from eqvit.utils import unknown_name_error
+
+    names = [rho.name for rho in ftype.irreps]
+    two_d = [n for n, rho in zip(names, ftype.irreps) if rho.dim == 2]
+    aliases = {"E": two_d[0]} if len(two_d) == 1 and "E" not in names else {}
+    counts: dict[str, int] = {}
+    for name, count in irrep_heads.items():
+        key = aliases.get(name, name)
+        if key not in names:
+            raise unknown_name_error(f"irrep of {ftype.group.name} (irrep_heads)", name, names + list(aliases))
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f"irrep_heads[{name!r}]: expected a number of heads >= 1, got {count!r}")
+        counts[key] = int(count)
+    present = {rho.name: c for _, rho, c, _ in ftype.blocks()}
+    missing = [n for n in present if n not in counts]
+    if missing:
+        raise ValueError(
+            f"irrep_heads gives no head count for the irreps {missing} of {ftype}; expected one for each of "
+            f"{list(present)}"
+        )
+    bad = [f"{n}: multiplicity {present[n]}, {counts[n]} heads" for n in present if present[n] % counts[n]]
+    if bad:
+        raise ValueError(f"irrep_heads must divide each irrep's multiplicity in {ftype}; not so for {'; '.join(bad)}")
+    return counts
+
+
+def irrepwise_heads(ftype: FeatureType, num_heads: int | Mapping[str, int]) -> list[np.ndarray]:
+    """Irrep-wise heads, each holding copies of one irrep only: ``num_heads`` heads per irrep (of
+    ``C_rho / num_heads`` copies each), or ``{irrep name: heads}`` per irrep (:func:`irrep_head_counts`;
+    the seed's Table 1 for C4 with 4q regular copies is ``{"A": 1, "B": 1, "E1": 2}``: four heads of 4q)."""
+    if isinstance(num_heads, Mapping):
+        counts = irrep_head_counts(ftype, num_heads)
+    else:
+        _check_divisible(ftype, num_heads, f"irrep-wise attention with {num_heads} heads per irrep")
+        counts = {rho.name: num_heads for _, rho, _, _ in ftype.blocks()}
     heads = []
     for _, rho, c, sl in ftype.blocks():
-        size = c // num_heads * rho.dim
-        heads += [np.arange(sl.start + r * size, sl.start + (r + 1) * size) for r in range(num_heads)]
+        h = counts[rho.name]
+        size = c // h * rho.dim
+        heads += [np.arange(sl.start + r * size, sl.start + (r + 1) * size) for r in range(h)]
     return heads
 
 
@@ -86,9 +126,11 @@ def _frame_type(ftype: FeatureType) -> FeatureType:
         raise ValueError(f"frame RoPE and frames-as-heads need copies of the regular representation: {err}") from None
 
 
-def head_layout(ftype: FeatureType, num_heads: int, attention: str) -> list[np.ndarray]:
+def head_layout(ftype: FeatureType, num_heads: int | Mapping[str, int], attention: str) -> list[np.ndarray]:
     """Heads of ``attention`` (coupled, irrepwise: irrep-basis coordinates; frames: frame-basis ones,
-    see :func:`head_basis`)."""
+    see :func:`head_basis`). ``num_heads`` may be ``{irrep name: heads}`` for irrep-wise heads only."""
+    if isinstance(num_heads, Mapping) and attention != "irrepwise":
+        raise ValueError(f"heads per irrep (irrep_heads) need attention='irrepwise', got attention={attention!r}")
     if attention == "coupled":
         return coupled_heads(ftype, num_heads)
     if attention == "irrepwise":

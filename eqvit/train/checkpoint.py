@@ -1,6 +1,7 @@
 """Crash-safe checkpoints: safetensors weights + a JSON sidecar, written to a temp file and renamed.
 
-``OUT/last.safetensors`` holds the model (``model.*``) and optimiser tensors (``optim.*``);
+``OUT/last.safetensors`` (and ``OUT/best.safetensors``, the best evaluation's model, see ``train.patience``)
+holds the model (``model.*``) and optimiser tensors (``optim.*``; ``best``: the model only);
 ``OUT/last.json`` the config, step, metrics and the optimiser's non-tensor state. Loading
 never unpickles. Files are created with the umask's mode, like the run's other outputs.
 ``export_weights`` writes the plain model state dict that ``timm.create_model(name,

@@ -161,6 +161,19 @@ class ScheduleConfig:
 
 @dataclass
 class TrainConfig:
+    """How long and how a run trains.
+
+    Early stopping: ``patience`` is the number of evaluations (every ``eval_every`` steps or
+    ``eval_every_epochs`` epochs) without an improvement of the validation metric ``monitor`` after
+    which the run stops (``null``, the default: never stops early). ``monitor`` names a metric of the
+    task's evaluation; the default (``null``) is the task's own: ``accuracy`` for classification
+    (higher is better), ``rel_l2`` for shallow water (lower is better). Other names: a metric whose
+    name holds ``acc`` is maximised, any other (``val_loss``, ``rel_l1``, ...) minimised. The model at
+    the best evaluation is kept as ``OUT/best.safetensors`` beside ``last.safetensors`` (which stays the
+    last step's, for resuming); ``metrics.json`` records ``best_step`` and ``stopped_early``. Not to be
+    confused with ``schedule.patience`` (the plateau LR schedule's).
+    """
+
     max_steps: int = 100
     max_epochs: float | None = None  # when set, replaces max_steps (tasks with epochs: classification)
     max_minutes: float | None = None
@@ -175,6 +188,8 @@ class TrainConfig:
     amp: bool = False  # bf16 autocast
     compile: bool = False  # torch.compile the model
     sdpa_backend: str | None = None  # GPU only: "flash", "efficient", "math", "cudnn"
+    patience: int | None = None  # evaluations without a better `monitor` before stopping (null: never)
+    monitor: str | None = None  # validation metric (null: the task's; accuracy up, rel_l2 down)
 
     def __post_init__(self) -> None:
         check_range("train.max_steps", self.max_steps, 1)
@@ -188,6 +203,12 @@ class TrainConfig:
         check_device("train.device", self.device)
         if self.sdpa_backend is not None:
             check_choice("train.sdpa_backend", "attention backend", self.sdpa_backend, SDPA_BACKENDS)
+        check_range("train.patience", self.patience, 1, optional=True)
+        if self.patience is not None and not self.eval_every and self.eval_every_epochs is None:
+            raise ConfigError(
+                "train.patience counts evaluations, but train.eval_every is 0 and train.eval_every_epochs is "
+                "unset (only a final evaluation); set one of them"
+            )
 
 
 @dataclass

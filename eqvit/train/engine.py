@@ -4,7 +4,9 @@
 classification dataset, see :mod:`eqvit.train.tasks`), trains until ``max_steps`` (or
 ``max_epochs``) or ``max_minutes`` (whichever comes first; equal wall-clock comparisons use the
 latter), evaluates against the task's baseline (persistence; the majority class), and writes into
-``OUT``: ``last.safetensors`` + ``last.json`` (checkpoint), ``metrics.json``, ``history.csv``,
+``OUT``: ``last.safetensors`` + ``last.json`` (checkpoint), ``best.safetensors`` + ``best.json`` (the model
+at the best evaluation of ``train.monitor``; early stopping after ``train.patience`` evaluations
+without a better one), ``metrics.json`` (with ``best_step`` and ``stopped_early``), ``history.csv``,
 ``evals.json``, ``loss_curve.png`` and the task's plots (``error_map.png``; ``confusion.png``).
 
 The same ``Trainer`` trains a model object on any :class:`~eqvit.train.tasks.Task` (``Trainer(config,
@@ -257,52 +259,132 @@ class Callback:
     def on_finish(self, trainer: Trainer, summary: dict[str, Any], final: dict[str, Any]) -> None:
         """With the run's summary and the full final evaluation (rank 0 and all others)."""
 
+    def summary(self, trainer: Trainer) -> dict[str, Any]:
+        """Entries for the run's summary (``metrics.json``), added before the reports are written."""
+        return {}
+
+
+def monitor_mode(metric: str, task: Any) -> str:
+    """``"max"`` or ``"min"``: the task's own ``monitor_mode`` for its monitored metric; otherwise a metric
+    whose name holds ``acc`` (accuracy) is maximised and every other one (losses, errors) minimised."""
+    if metric == task.monitor:
+        return task.monitor_mode
+    return "max" if "acc" in metric else "min"
+
 
 class EarlyStopping(Callback):
-    """Keep the best model by the task's monitored metric; stop after ``patience`` epochs without a better one.
+    """Keep the best model by a validation metric; stop after ``patience`` units without a better one.
 
-    At the end of training the best weights are loaded back into the model. A restriction
-    (``model.relaxation``) forgets the best so far: its weights belong to another architecture.
-    ``patience=None`` never stops early (but still restores the best). ``unit``: ``"epoch"`` (tasks
-    with epochs) or ``"step"``.
+    Args:
+        patience: epochs / steps / evaluations (``unit``) after the best before the run stops;
+            ``None`` never stops early (the best is still kept).
+        unit: ``"epoch"`` (tasks with epochs), ``"step"`` or ``"evaluation"`` (what ``train.patience``
+            counts).
+        monitor: the metric (a key of the task's evaluation, e.g. ``accuracy``, ``val_loss``,
+            ``rel_l2``); ``None``: the task's ``monitor``. ``mode``: ``"max"`` / ``"min"``, default
+            :func:`monitor_mode`.
+        restore_best: load the best weights back into the model at the end of training
+            (:func:`~eqvit.train.classify.fit_classifier`); ``False`` leaves the last weights (the config's
+            runs, whose ``last`` checkpoint must resume).
+        save_best: write ``OUT/best.safetensors`` + ``best.json`` at every new best (runs that write).
+
+    A restriction (``model.relaxation``) forgets the best so far: its weights belong to another
+    architecture. On a resumed run the best and the count since it are rebuilt from the restored
+    evaluation history. The run's summary (``metrics.json``) gets ``stopped_early``, ``best_step``,
+    ``monitor`` and ``patience``.
     """
 
-    def __init__(self, patience: int | None = None, unit: str = "epoch") -> None:
+    UNITS = ("epoch", "step", "evaluation")
+
+    def __init__(
+        self,
+        patience: int | None = None,
+        unit: str = "epoch",
+        *,
+        monitor: str | None = None,
+        mode: str | None = None,
+        restore_best: bool = True,
+        save_best: bool = False,
+    ) -> None:
         if patience is not None and patience < 0:
             raise ValueError(f"expected patience >= 0 or None, got {patience}")
-        if unit not in ("epoch", "step"):
-            raise ValueError(f"expected unit 'epoch' or 'step', got {unit!r}")
+        if unit not in self.UNITS:
+            raise ValueError(f"expected unit one of {', '.join(map(repr, self.UNITS))}, got {unit!r}")
+        if mode not in (None, "max", "min"):
+            raise ValueError(f"expected mode 'max', 'min' or None, got {mode!r}")
         self.patience, self.unit = patience, unit
+        self.monitor, self.mode = monitor, mode
+        self.restore_best, self.save_best = restore_best, save_best
         self.best: float | None = None
         self.best_step = -1
         self.best_state: dict[str, torch.Tensor] | None = None
+        self.since_best = 0  # evaluations since the best one
+        self.stopped_early = False
+
+    def _resolve(self, trainer: Trainer) -> tuple[str, str]:
+        metric = self.monitor or trainer.task.monitor
+        return metric, self.mode or monitor_mode(metric, trainer.task)
 
     def _better(self, value: float, mode: str) -> bool:
         return self.best is None or (value > self.best if mode == "max" else value < self.best)
 
+    def on_start(self, trainer: Trainer) -> None:
+        metric, mode = self._resolve(trainer)
+        valid = sorted(k for k, v in _scalars(trainer.baseline).items() if isinstance(v, (int, float)))
+        if metric not in valid:
+            trainer.bar.close()  # the error starts on a line of its own
+            raise ConfigError(
+                f"train.monitor {metric!r} is not a metric of this task's evaluation; valid: {', '.join(valid)}"
+            )
+        for row in trainer.history.evals:  # a resumed run: the best and the count since it
+            self._track(trainer, row["step"], row[metric], mode)
+
+    def _track(self, trainer: Trainer, step: int, value: float, mode: str) -> bool:
+        """Record one evaluation; True when it is a new best."""
+        if self._better(value, mode):
+            self.best, self.best_step, self.since_best = value, step, 0
+            return True
+        self.since_best += 1
+        return False
+
     def on_evaluate(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         import copy
 
-        value = metrics[trainer.task.monitor]
-        if self._better(value, trainer.task.monitor_mode):
-            self.best, self.best_step = value, trainer.step
-            self.best_state = copy.deepcopy(trainer.model.state_dict())
+        metric, mode = self._resolve(trainer)
+        if self._track(trainer, trainer.step, metrics[metric], mode):
+            if self.restore_best:
+                self.best_state = copy.deepcopy(trainer.model.state_dict())
+            if self.save_best and trainer.write:
+                trainer.save_best(metrics)
             return
         if self.patience is None:
             return
-        scale = trainer.task.steps_per_epoch if self.unit == "epoch" else 1
-        if scale is None:
-            raise ValueError("EarlyStopping(unit='epoch') needs a task with epochs; use unit='step'")
-        if trainer.step - self.best_step >= self.patience * scale:
-            trainer.should_stop = True
+        if self.unit == "evaluation":
+            waited = self.since_best
+        else:
+            scale = trainer.task.steps_per_epoch if self.unit == "epoch" else 1
+            if scale is None:
+                raise ValueError("EarlyStopping(unit='epoch') needs a task with epochs; use unit='step'")
+            waited = (trainer.step - self.best_step) / scale
+        if waited >= self.patience and not trainer.done:
+            trainer.should_stop = self.stopped_early = True
 
     def on_relax(self, trainer: Trainer, subgroup: str) -> None:
-        self.best, self.best_step, self.best_state = None, -1, None
+        self.best, self.best_step, self.best_state, self.since_best = None, -1, None, 0
 
     def on_train_end(self, trainer: Trainer) -> None:
-        if self.best_state is not None:
+        if self.restore_best and self.best_state is not None:
             trainer.model.load_state_dict(self.best_state)
             trainer.last_eval = None
+
+    def summary(self, trainer: Trainer) -> dict[str, Any]:
+        metric, mode = self._resolve(trainer)
+        return {
+            "stopped_early": self.stopped_early,
+            "best_step": self.best_step,
+            "monitor": {"metric": metric, "mode": mode, "best": self.best},
+            "patience": None if self.patience is None else {"value": self.patience, "unit": self.unit},
+        }
 
 
 class ReportWriter(Callback):
@@ -347,7 +429,13 @@ class Trainer:
         self.config = config
         tcfg = config.train
         self.write = write
-        self.callbacks: list[Callback] = [*([ReportWriter()] if write else []), *callbacks]
+        # train.patience / train.monitor: early stopping, and OUT/best.safetensors for runs that write
+        stopping = (
+            [EarlyStopping(tcfg.patience, "evaluation", monitor=tcfg.monitor, restore_best=False, save_best=write)]
+            if write or tcfg.patience is not None or tcfg.monitor is not None
+            else []
+        )
+        self.callbacks: list[Callback] = [*([ReportWriter()] if write else []), *stopping, *callbacks]
         self.should_stop = False
         self.last_eval: tuple[int, dict[str, Any]] | None = None  # (step, metrics) of the latest evaluation
         self.last_batch_size = 0
@@ -498,6 +586,21 @@ class Trainer:
                 extra_tensors=self._rng_tensors(),
             )
         self.dist.barrier()
+
+    def save_best(self, metrics: dict[str, Any]) -> None:
+        """Write the model as ``OUT/best.safetensors`` + ``best.json`` (weights, config, step, the evaluation;
+        no optimiser: ``eqvit eval`` / ``export`` read it, resuming reads ``last``). Rank 0 only."""
+        if not self.write or not self.dist.is_main:
+            return
+        save_checkpoint(
+            self.out,
+            self.model,
+            step=self.step,
+            config=self.config.to_dict(),
+            metrics=_eval_row(self.step, metrics),
+            extra={"relaxed": list(self.relaxed), "model_config": self.model_config},
+            name="best",
+        )
 
     def resume(self, path: str | Path | None = None) -> bool:
         """Restore everything from ``path`` (default ``OUT/last.safetensors``); False if absent."""
@@ -725,6 +828,8 @@ class Trainer:
             f"best_{monitor}": {"step": best["step"], monitor: best[monitor]},
         }
         summary.update(task.summary(final, self.baseline))
+        for callback in self.callbacks:
+            summary.update(callback.summary(self))
         self.save(metrics=summary["metrics"])
         for callback in self.callbacks:
             callback.on_finish(self, summary, final)
@@ -756,7 +861,8 @@ class Trainer:
             print(task.table([(name, final), (task.baseline_name.replace("_", " "), baseline)]))
             print(task.verdict(summary))
             files = ", ".join(["metrics.json", "history.csv", "loss_curve.png", *plots])
-            print(f"wrote {out}/last.safetensors (+ last.json), {files}")
+            best = " and best.safetensors (+ best.json)" if (out / "best.safetensors").is_file() else ""
+            print(f"wrote {out}/last.safetensors (+ last.json){best}, {files}")
 
 
 def train(
