@@ -650,7 +650,14 @@ class TensorClassificationTask(ClassificationTask):
         return self._order[1]
 
 
-TASKS = {"shallow_water": ShallowWaterTask}
+def _qm9_task(cfg: DataConfig, model: nn.Module, device: torch.device):
+    """QM9 property regression (:class:`eqvit.train.regression.QM9Task`, loaded on first use)."""
+    from eqvit.train.regression import QM9Task
+
+    return QM9Task(cfg, model, device)
+
+
+TASKS = {"shallow_water": ShallowWaterTask, "qm9": _qm9_task}
 
 
 def dataset_names() -> list[str]:
