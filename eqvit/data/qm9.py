@@ -311,11 +311,12 @@ def target_columns(names: Sequence[str]) -> list[int]:
 
 def element_index(atoms: np.ndarray) -> np.ndarray:
     """Atomic numbers -> indices into :data:`ELEMENTS` (H 0, C 1, N 2, O 3, F 4)."""
-    table = np.full(10, -1, dtype=np.int64)
+    table = np.full(128, -1, dtype=np.int64)
     for k, e in enumerate(ELEMENTS):
         table[ATOMIC_NUMBERS[e]] = k
-    out = table[np.asarray(atoms, dtype=np.int64)]
-    if (out < 0).any():
+    atoms = np.asarray(atoms, dtype=np.int64)
+    out = table[np.clip(atoms, 0, len(table) - 1)]
+    if (out < 0).any() or (atoms >= len(table)).any():
         raise ValueError(f"expected atoms among {', '.join(ELEMENTS)}, got atomic numbers {sorted(set(atoms.tolist()))}")
     return out
 

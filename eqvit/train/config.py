@@ -118,7 +118,7 @@ class DataConfig:
     val_rotate: str = "so3"  # what the model is scored on
     # QM9 regression (eqvit.train.regression): properties by name, and how much of val / test to score
     targets: list[str] = field(default_factory=lambda: ["gap"])
-    eval_subset: int | None = None  # score the first N validation / test molecules (None: all)
+    eval_subset: int | None = None  # score the first N validation molecules (None: all; test: always all)
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "val_batch_size", "num_val", "nlat", "nlon", "steps_per_trajectory", "num_points"):

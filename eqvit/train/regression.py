@@ -13,8 +13,8 @@ Batches hold molecules of one atom count (buckets of the training set, shuffled 
 ``data.seed`` and the epoch), so the model needs no attention mask; the data stream is a function
 of the step, and resuming restores it. ``data.split_seed`` fixes the Cormorant / EGNN split
 (:func:`eqvit.data.qm9.qm9_splits`); ``data.sample_ratio`` uses a seeded part of the 100,000
-training molecules; ``data.eval_subset`` scores the first N of the validation / test split (all
-by default); ``data.root`` reads the original ``.xyz`` files instead of qm9pack.
+training molecules; ``data.eval_subset`` scores the first N of the validation split (all by
+default; the test split is always scored whole); ``data.root`` reads the original ``.xyz`` files instead of qm9pack.
 
 At the end, the engine calls :meth:`QM9Task.evaluate_test`, and ``metrics.json`` holds
 ``val_mae`` and ``test_mae``, per target, in those units.
@@ -146,10 +146,9 @@ class QM9Task:
             ids = np.sort(np.random.default_rng(cfg.split_seed).permutation(len(train))[:keep])
             train = type(train)(train.arrays, train.ids[ids], "train")
         self.splits = {"train": train, "val": splits["val"], "test": splits["test"]}
-        if cfg.eval_subset is not None:
-            for key in ("val", "test"):
-                s = self.splits[key]
-                self.splits[key] = type(s)(s.arrays, s.ids[: cfg.eval_subset], key)
+        if cfg.eval_subset is not None:  # the validation curve only: the test split is always scored whole
+            val = self.splits["val"]
+            self.splits["val"] = type(val)(val.arrays, val.ids[: cfg.eval_subset], "val")
         self.counts = {k: element_counts(s) for k, s in self.splits.items()}
         self.norm = Normaliser(self.names, train.targets[:, self.columns], self.counts["train"])
         self.z = {k: self.norm.encode(s.targets[:, self.columns], self.counts[k]) for k, s in self.splits.items()}
