@@ -95,7 +95,7 @@ def test_bad_xyz_file_names_the_molecule(tmp_path):
     lines = bad.read_text().splitlines()
     lines[2] = "C\t0.1\tnot-a-number\t0.3\t0.0"
     bad.write_text("\n".join(lines))
-    with pytest.raises(ValueError, match="dsgdb9nsd_000002.xyz"):
+    with pytest.raises(ValueError, match=r"dsgdb9nsd_000002\.xyz"):
         qm9.qm9_splits(root=tmp_path / "xyz", cache_dir=tmp_path / "c")
     with pytest.raises(ValueError, match="not a folder"):
         qm9.qm9_splits(root=tmp_path / "missing", cache_dir=tmp_path / "c")

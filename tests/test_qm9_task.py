@@ -22,8 +22,13 @@ def _config(tmp_path, targets=("gap", "u0", "mu"), **data):
     return ExperimentConfig(
         model=ModelConfig(name="platonic_qm9_tiny", kwargs={"num_targets": len(targets)}),
         data=DataConfig(
-            name="qm9", targets=list(targets), root=str(tmp_path / "xyz"), cache_dir=str(tmp_path / "cache"),
-            batch_size=4, val_batch_size=8, **data,
+            name="qm9",
+            targets=list(targets),
+            root=str(tmp_path / "xyz"),
+            cache_dir=str(tmp_path / "cache"),
+            batch_size=4,
+            val_batch_size=8,
+            **data,
         ),
         train=TrainConfig(max_steps=6, eval_every=3, out=str(tmp_path / "run")),
     )
@@ -92,7 +97,7 @@ def test_user_errors(xyz):
     cfg.model = ModelConfig(name="platonic_points_tiny")
     with pytest.raises(ValueError, match="platonic_qm9"):
         Trainer(cfg, progress=False, write=False)
-    with pytest.raises(ConfigError, match="data.targets"):
+    with pytest.raises(ConfigError, match=r"data\.targets"):
         DataConfig(name="qm9", targets="gap")
 
 

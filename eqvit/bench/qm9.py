@@ -178,7 +178,7 @@ def bucket_vs_pad(args: argparse.Namespace) -> dict[str, Any]:
         molecules += len(rows)
     results = {"bucketed": [], "padded": []}
     for r in range(args.layout_rounds):  # interleaved, rotating order
-        for kind in (["bucketed", "padded"] if r % 2 == 0 else ["padded", "bucketed"]):
+        for kind in ["bucketed", "padded"] if r % 2 == 0 else ["padded", "bucketed"]:
             results[kind].append(_step_seconds(model, bucketed if kind == "bucketed" else padded, 1))
     b, p = statistics.median(results["bucketed"]), statistics.median(results["padded"])
     return {

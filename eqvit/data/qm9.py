@@ -201,7 +201,9 @@ def read_xyz(path: Path) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
         atoms = np.array([ATOMIC_NUMBERS[r[0]] for r in rows], dtype=np.int8)
         pos = np.array([[_float(v) for v in r[1:4]] for r in rows], dtype=np.float64)
     except (IndexError, KeyError, ValueError) as err:
-        raise ValueError(f"QM9 molecule {Path(path).name}: cannot parse the file: {type(err).__name__}: {err}") from None
+        raise ValueError(
+            f"QM9 molecule {Path(path).name}: cannot parse the file: {type(err).__name__}: {err}"
+        ) from None
     if not (np.isfinite(pos).all() and np.isfinite(targets).all()):
         raise ValueError(f"QM9 molecule {Path(path).name}: non-finite positions or properties")
     return index, pos, atoms, targets
@@ -317,6 +319,7 @@ def element_index(atoms: np.ndarray) -> np.ndarray:
     atoms = np.asarray(atoms, dtype=np.int64)
     out = table[np.clip(atoms, 0, len(table) - 1)]
     if (out < 0).any() or (atoms >= len(table)).any():
-        raise ValueError(f"expected atoms among {', '.join(ELEMENTS)}, got atomic numbers {sorted(set(atoms.tolist()))}")
+        raise ValueError(
+            f"expected atoms among {', '.join(ELEMENTS)}, got atomic numbers {sorted(set(atoms.tolist()))}"
+        )
     return out
-

@@ -184,7 +184,9 @@ def build_molecule_model(
     attn_cls = FixedKeyAttention if attention == "fixed_keys" else PlatonicAttention
 
     def block_fn(index: int, rate: float) -> nn.Module:
-        attn = attn_cls(frames, channels, heads, qkv_bias, qk_norm, attn_drop_rate, drop_rate, fused_attn, "frames", impl)
+        attn = attn_cls(
+            frames, channels, heads, qkv_bias, qk_norm, attn_drop_rate, drop_rate, fused_attn, "frames", impl
+        )
         return platonic_block(frames, channels, heads, mlp_ratio, drop=drop_rate, drop_path=rate, attn=attn, impl=impl)
 
     rope = (

@@ -264,4 +264,3 @@ class QM9Task:
         fig.savefig(out / "parity.png", dpi=110)
         plt.close(fig)
         return ["parity.png"]
-
