@@ -69,7 +69,7 @@ def cfg_input(model: nn.Module, batch: int = 2, dtype: torch.dtype = torch.float
     """timm's test input, ``torch.randn(batch, *input_size)``; point clouds get ``(pos, feat)``."""
     gen = torch.Generator().manual_seed(seed)
     size = model.pretrained_cfg["input_size"]
-    if isinstance(model.domain, PointCloudDomain):  # platonic_points_*, platonic_qm9_*
+    if isinstance(getattr(model, "domain", None), PointCloudDomain):  # platonic_points_*, platonic_qm9_*
         pos = torch.randn(batch, *size, generator=gen, dtype=torch.float64)
         feat = torch.randn(batch, size[0], model.in_chans, generator=gen, dtype=torch.float64)
         return pos.to(dtype), feat.to(dtype)
