@@ -33,6 +33,7 @@ from torch import nn
 
 import eqvit
 import eqvit.models.vit as vit_module
+from eqvit.geometry.domain import PointCloudDomain
 from eqvit.models import is_model
 from eqvit.models.restrict import restrict
 from eqvit.models.vit import EquivariantViT
@@ -47,7 +48,7 @@ def _tiny(name: str) -> str:
 TEST_MODELS = sorted({_tiny(name) for name in eqvit.list_models()})
 IMAGE_MODELS = [n for n in TEST_MODELS if n.startswith(("o2vit_", "platonic_image_"))]
 SQUARE_MODELS = [n for n in IMAGE_MODELS if not n.startswith("o2vit_hex")]
-CLASSIFIERS = IMAGE_MODELS + [n for n in TEST_MODELS if n.startswith("platonic_points_")]
+CLASSIFIERS = IMAGE_MODELS + [n for n in TEST_MODELS if n.startswith(("platonic_points_", "platonic_qm9_"))]
 DENSE_MODELS = [n for n in TEST_MODELS if n not in CLASSIFIERS]
 VIT_MODELS = [n for n in TEST_MODELS if not n.startswith("s2transformer_")]  # EquivariantViTs
 CFG_KEYS = ("architecture", "input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")
@@ -68,7 +69,7 @@ def cfg_input(model: nn.Module, batch: int = 2, dtype: torch.dtype = torch.float
     """timm's test input, ``torch.randn(batch, *input_size)``; point clouds get ``(pos, feat)``."""
     gen = torch.Generator().manual_seed(seed)
     size = model.pretrained_cfg["input_size"]
-    if model.pretrained_cfg["architecture"].startswith("platonic_points_"):
+    if isinstance(getattr(model, "domain", None), PointCloudDomain):  # platonic_points_*, platonic_qm9_*
         pos = torch.randn(batch, *size, generator=gen, dtype=torch.float64)
         feat = torch.randn(batch, size[0], model.in_chans, generator=gen, dtype=torch.float64)
         return pos.to(dtype), feat.to(dtype)

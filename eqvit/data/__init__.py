@@ -18,6 +18,11 @@ _LAZY = {
     "plot_pointclouds": "pointclouds",
     "pointcloud_splits": "pointclouds",
     "synthetic_pointclouds": "pointclouds",
+    "QM9Dataset": "qm9",
+    "load_qm9": "qm9",
+    "qm9_splits": "qm9",
+    "scanobjectnn_splits": "scanobjectnn",
+    "cifar10_binary": "cifar10",
 }
 
 __all__ = [
@@ -25,16 +30,21 @@ __all__ = [
     "ImageFolderDataset",
     "PointCloudSet",
     "PointCloudSplits",
+    "QM9Dataset",
     "ShallowWaterConfig",
     "ShallowWaterData",
     "ShallowWaterStream",
     "SquareToHex",
     "ValidationSet",
+    "cifar10_binary",
     "image_folder_split",
     "latlon_points",
+    "load_qm9",
     "plot_pointclouds",
     "pointcloud_splits",
+    "qm9_splits",
     "rotated_mnist",
+    "scanobjectnn_splits",
     "synthetic_pointclouds",
 ]
 

@@ -2,6 +2,7 @@
 
 from eqvit.models import (
     baselines,  # noqa: F401
+    molecules,  # noqa: F401
     o2vit,  # noqa: F401
     platonic,  # noqa: F401
     so3vit,  # noqa: F401  (registers the SO3ViT family)

@@ -90,7 +90,8 @@ class DataConfig:
     (``rotated_mnist``, ``image_folder`` / ``patternnet``, see ``eqvit.train.tasks``) use
     ``sample_ratio``, ``root``, ``img_size``, ``val_fraction`` and ``split_seed``;
     ``synthetic_pointclouds`` uses ``num_points``, ``num_train``, ``num_val``, ``sample_ratio``,
-    ``train_rotate`` / ``val_rotate`` and ``split_seed``.
+    ``train_rotate`` / ``val_rotate`` and ``split_seed``; ``qm9`` uses ``targets``, ``sample_ratio``,
+    ``eval_subset``, ``split_seed``, ``root`` (original .xyz files) and ``cache_dir``.
     """
 
     name: str = "shallow_water"
@@ -115,6 +116,9 @@ class DataConfig:
     num_train: int = 1000  # training clouds (before sample_ratio); validation: num_val
     train_rotate: str = "none"  # none | z | so3
     val_rotate: str = "so3"  # what the model is scored on
+    # QM9 regression (eqvit.train.regression): properties by name, and how much of val / test to score
+    targets: list[str] = field(default_factory=lambda: ["gap"])
+    eval_subset: int | None = None  # score the first N validation molecules (None: all; test: always all)
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "val_batch_size", "num_val", "nlat", "nlon", "steps_per_trajectory", "num_points"):
@@ -124,6 +128,9 @@ class DataConfig:
         if self.sample_ratio > 1:
             raise ConfigError(f"data.sample_ratio: expected a fraction in (0, 1], got {self.sample_ratio!r}")
         check_range("data.img_size", self.img_size, 1, optional=True)
+        check_range("data.eval_subset", self.eval_subset, 1, optional=True)
+        if not isinstance(self.targets, list) or not all(isinstance(t, str) for t in self.targets):
+            raise ConfigError(f"data.targets: expected a list of property names, got {self.targets!r}")
         for key in ("train_rotate", "val_rotate"):
             check_choice(f"data.{key}", "rotation", getattr(self, key), ROTATIONS)
 

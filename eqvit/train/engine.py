@@ -828,6 +828,8 @@ class Trainer:
             f"best_{monitor}": {"step": best["step"], monitor: best[monitor]},
         }
         summary.update(task.summary(final, self.baseline))
+        if hasattr(task, "evaluate_test"):  # tasks with a held-out test split (QM9) score it once, here
+            summary.update(task.evaluate_test(self.model))
         for callback in self.callbacks:
             summary.update(callback.summary(self))
         self.save(metrics=summary["metrics"])

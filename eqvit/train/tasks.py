@@ -471,6 +471,66 @@ def image_folder_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
     )
 
 
+def _require_root(cfg: DataConfig, what: str) -> Path:
+    if cfg.root is None:
+        raise ValueError(f"data.root is required for data.name {cfg.name!r}: {what}")
+    return Path(cfg.root).expanduser()
+
+
+def _subset(n: int, cfg: DataConfig) -> torch.Tensor:
+    """The seeded ``data.sample_ratio`` part of ``n`` training samples (all of them at 1), sorted."""
+    if cfg.sample_ratio >= 1:
+        return torch.arange(n)
+    order = np.random.default_rng(cfg.split_seed).permutation(n)[: max(1, round(cfg.sample_ratio * n))]
+    return torch.from_numpy(np.sort(order))
+
+
+@register_classification_dataset("scanobjectnn")
+def scanobjectnn_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
+    """ScanObjectNN's h5 files in ``data.root`` (:mod:`eqvit.data.scanobjectnn`, variant PB_T50_RS): the
+    first ``data.num_points`` points of each cloud, features all ones; validation is the test file
+    (the dataset has no validation split); ``data.sample_ratio`` of the training clouds."""
+    from eqvit.data.scanobjectnn import CLASSES, scanobjectnn_splits
+
+    check_domain(cfg.name, POINT_MODELS, ("point clouds",), model)
+    root = _require_root(cfg, "the folder with the ScanObjectNN h5 files (or its main_split/)")
+    splits = {}
+    for key, (points, labels) in scanobjectnn_splits(root, num_points=cfg.num_points).items():
+        pos = torch.from_numpy(points)
+        splits[key] = (pos, torch.ones(*pos.shape[:2], 1), torch.from_numpy(labels))
+    pos, feat, labels = splits["train"]
+    keep = _subset(len(labels), cfg)
+    pos_t, feat_t, labels_t = splits["test"]
+    return ClassificationData(
+        TensorSplit((pos[keep], feat[keep]), labels[keep]), TensorSplit((pos_t, feat_t), labels_t), list(CLASSES)
+    )
+
+
+@register_classification_dataset("cifar10")
+def cifar10_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
+    """CIFAR-10's binary batches in ``data.root`` (:mod:`eqvit.data.cifar10`; the pickled python version is
+    refused), RGB in [-1, 1], resized to the model's grid (or resampled onto a hexagonal one);
+    validation is ``test_batch.bin``; ``data.sample_ratio`` of the training images."""
+    from eqvit.data.cifar10 import cifar10_binary, classes
+
+    size, transform = _image_input(cfg, model, default_size=32)
+    root = _require_root(cfg, "the folder with the CIFAR-10 binary batches (cifar-10-batches-bin)")
+    data = cifar10_binary(root)
+    splits = {}
+    for key, (images, labels) in data.items():
+        x = torch.from_numpy(images).float().div_(127.5).sub_(1.0)
+        if key == "train":
+            keep = _subset(len(labels), cfg)
+            x, labels = x[keep], labels[keep.numpy()]
+        if size != 32:
+            x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        if transform is not None:
+            with torch.no_grad():
+                x = transform(x)
+        splits[key] = TensorSplit(x, torch.from_numpy(labels))
+    return ClassificationData(splits["train"], splits["test"], classes(root))
+
+
 class ClassificationTask:
     """Classification of a registered dataset (``data.name``) with cross-entropy.
 
@@ -650,7 +710,14 @@ class TensorClassificationTask(ClassificationTask):
         return self._order[1]
 
 
-TASKS = {"shallow_water": ShallowWaterTask}
+def _qm9_task(cfg: DataConfig, model: nn.Module, device: torch.device):
+    """QM9 property regression (:class:`eqvit.train.regression.QM9Task`, loaded on first use)."""
+    from eqvit.train.regression import QM9Task
+
+    return QM9Task(cfg, model, device)
+
+
+TASKS = {"shallow_water": ShallowWaterTask, "qm9": _qm9_task}
 
 
 def dataset_names() -> list[str]:
