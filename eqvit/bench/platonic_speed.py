@@ -71,6 +71,7 @@ from eqvit.bench import device as _device
 from eqvit.bench._paths import results_dir
 from eqvit.models.platonic import spatial_frames
 from eqvit.nn.regular import GroupConvLinear
+from eqvit.nn.sdpa import ScaledDotProductAttention
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
 
 DEFAULT_OUT = results_dir() / "platonic_speed.json"
@@ -209,8 +210,8 @@ def set_fused(model: nn.Module, fused: bool) -> None:
     for m in model.modules():
         if hasattr(m, "fused_attn") and not isinstance(m, (Block,)):  # timm Attention
             m.fused_attn = fused
-        if type(m).__name__ == "PlatonicAttention":
-            m.sdpa.fused = fused
+        if isinstance(m, ScaledDotProductAttention):  # every eqvit attention, training or fused form
+            m.fused = fused
 
 
 def flops(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
