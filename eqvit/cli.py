@@ -219,7 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="path to last.safetensors")
     p.add_argument("--json", help="also write the metrics to this JSON file")
     p.add_argument(
-        "--rollout", type=_int_at_least(1), metavar="N", help="shallow water: feed the model its own predictions N steps"
+        "--rollout",
+        type=_int_at_least(1),
+        metavar="N",
+        help="shallow water: feed the model its own predictions N steps",
     )
     p.add_argument("--out", help="with --rollout: folder for rollout.json and rollout.png")
     p.set_defaults(func=_cmd_eval)

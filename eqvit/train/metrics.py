@@ -24,9 +24,10 @@ import torch
 __all__ = [
     "SphereErrorMap",
     "classification_scores",
+    "draw_sphere_map",
     "grid_latitudes",
     "latlon_quadrature_weights",
-    "draw_sphere_map",
+    "map_keywords",
     "mollweide",
     "plot_confusion",
     "plot_sphere_maps",
@@ -336,8 +337,9 @@ def _mesh_lonlat(points, faces):
     lat = np.arcsin(np.clip(p[..., 2], -1.0, 1.0))
     lon = np.arctan2(p[..., 1], p[..., 0])
     at_pole = np.abs(p[..., 2]) > 1 - 1e-12
-    ref = lon[:, :1]
-    lon = ref + (lon - ref + np.pi) % (2 * np.pi) - np.pi  # unwrap each triangle around its first corner
+    first = np.argmin(at_pole, axis=1)  # the first corner that is not a pole (a pole's longitude means nothing)
+    ref = np.take_along_axis(lon, first[:, None], axis=1)
+    lon = ref + (lon - ref + np.pi) % (2 * np.pi) - np.pi  # unwrap each triangle around that corner
     if at_pole.any():
         rows = np.flatnonzero(at_pole.any(1))
         for r in rows:
@@ -403,12 +405,16 @@ def draw_sphere_map(ax, values, *, points=None, faces=None, latitudes=None, norm
         if points is None:
             raise ValueError("expected points [V, 3] for a map of shape [V], got none")
         if len(points) != len(v):
-            raise ValueError(f"expected points [{len(v)}, 3] for a map of shape [{len(v)}], got {list(np.shape(points))}")
+            raise ValueError(
+                f"expected points [{len(v)}, 3] for a map of shape [{len(v)}], got {list(np.shape(points))}"
+            )
         faces = sphere_mesh(points) if faces is None else np.asarray(faces)
         lon, lat, index = _mesh_lonlat(points, faces)
         x, y = mollweide(lon, lat)
         tri = Triangulation(x.ravel(), y.ravel(), np.arange(x.size).reshape(-1, 3))
-        artist = ax.tripcolor(tri, facecolors=v[faces].mean(1)[index], cmap=cmap, norm=norm, edgecolors="none", antialiased=False)
+        artist = ax.tripcolor(
+            tri, facecolors=v[faces].mean(1)[index], cmap=cmap, norm=norm, edgecolors="none", antialiased=False
+        )
     elif v.ndim == 2:
         nlat, nlon = v.shape
         lat = None if latitudes is None else np.asarray(latitudes, dtype=np.float64).reshape(-1)
@@ -432,8 +438,34 @@ def draw_sphere_map(ax, values, *, points=None, faces=None, latitudes=None, norm
     return artist
 
 
-def plot_sphere_maps(panels, path, *, title: str | None = None, label: str = "mean |error| (normalised units)",
-                     cols: int | None = None, vmax: float | None = None) -> None:
+def map_keywords(values) -> dict:
+    """Where a stored map lives, from its shape alone: ``[V]`` with ``V = 10 * 4^L + 2`` -> the vertices of
+    ``icosphere(L)`` (``points``); ``[nlat, nlon]`` -> torch-harmonics' equiangular grid (``latitudes``)."""
+    import numpy as np
+
+    from eqvit.geometry.icosphere import icosphere
+
+    shape = np.shape(values)
+    if len(shape) == 2:
+        return {"latitudes": grid_latitudes(shape[0]).numpy()}
+    if len(shape) == 1 and shape[0] > 12:
+        level = round(math.log((shape[0] - 2) / 10, 4))
+        if 10 * 4**level + 2 == shape[0]:
+            return {"points": np.asarray(icosphere(level).vertices)}
+    raise ValueError(
+        f"expected a map on an icosphere's vertices [10 * 4^L + 2] or a grid [nlat, nlon], got {list(shape)}"
+    )
+
+
+def plot_sphere_maps(
+    panels,
+    path,
+    *,
+    title: str | None = None,
+    label: str = "mean |error| (normalised units)",
+    cols: int | None = None,
+    vmax: float | None = None,
+) -> None:
     """Several sphere maps in one figure, Mollweide, one shared colour scale (0 .. ``vmax``, default the
     largest 99th percentile of the panels).
 
@@ -459,7 +491,9 @@ def plot_sphere_maps(panels, path, *, title: str | None = None, label: str = "me
     axes = []
     for i, panel in enumerate(panels):
         ax = fig.add_subplot(rows, cols, i + 1)
-        keywords = {k: panel[k] for k in ("points", "faces", "latitudes") if k in panel}
+        keywords = {k: panel[k] for k in ("points", "faces", "latitudes") if k in panel} or map_keywords(
+            panel["values"]
+        )
         artist = draw_sphere_map(ax, panel["values"], norm=norm, **keywords)
         ax.set_title(panel.get("title", ""), fontsize=9)
         axes.append(ax)

@@ -23,7 +23,16 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["plot_rollout", "plot_rollout_comparison", "rollout", "rollout_checkpoint", "rollout_table"]
+__all__ = [
+    "load_maps",
+    "plot_rollout",
+    "plot_rollout_comparison",
+    "rollout",
+    "rollout_checkpoint",
+    "rollout_json",
+    "rollout_table",
+    "save_maps",
+]
 
 TABLE_LEADS = (1, 2, 4, 8, 16)
 
@@ -150,12 +159,6 @@ def rollout_table(result: dict[str, Any], leads: tuple[int, ...] = TABLE_LEADS) 
     return "\n".join(lines)
 
 
-def _map_keywords(task: Any) -> dict[str, Any]:
-    if task.on_grid:
-        return {"latitudes": np.asarray(task.latitudes)}
-    return {"points": task.points.numpy()}
-
-
 def _curves(ax, results: dict[str, dict[str, Any]], key: str, persistence_from: str) -> None:
     for label, result in results.items():
         leads = [s["lead_hours"] for s in result["steps"]]
@@ -178,27 +181,49 @@ def _curves(ax, results: dict[str, dict[str, Any]], key: str, persistence_from: 
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot_rollout_comparison(
-    results: dict[str, dict[str, Any]], tasks: dict[str, Any], path: str | Path, title: str = ""
-) -> None:
+def _array(m: Any) -> np.ndarray | None:
+    return None if m is None else np.asarray(m.numpy() if isinstance(m, torch.Tensor) else m, dtype=np.float64)
+
+
+def save_maps(result: dict[str, Any], path: str | Path) -> None:
+    """The rollout's maps as ``.npz`` (``model_<step>``, ``persistence_<step>``), for redrawing later."""
+    arrays = {}
+    for k, (m, p) in result["maps"].items():
+        if m is not None:
+            arrays[f"model_{k}"] = _array(m).astype(np.float32)
+        arrays[f"persistence_{k}"] = _array(p).astype(np.float32)
+    np.savez_compressed(path, **arrays)
+
+
+def load_maps(path: str | Path) -> dict[int, tuple[np.ndarray | None, np.ndarray]]:
+    """Inverse of :func:`save_maps`."""
+    with np.load(path) as data:
+        steps = sorted(int(name.split("_")[1]) for name in data.files if name.startswith("persistence_"))
+        return {
+            k: (data[f"model_{k}"] if f"model_{k}" in data.files else None, data[f"persistence_{k}"]) for k in steps
+        }
+
+
+def plot_rollout_comparison(results: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> None:
     """Error against lead time for every model (and persistence) and, per model, the error maps at
-    the drawn lead times: one figure, one colour scale for every map."""
+    the drawn lead times (``result["maps"]``: ``{step: (model map or None, persistence map)}``, numpy or
+    torch): one figure, one colour scale for every map, each map on its model's own grid."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import Normalize
 
-    from eqvit.train.metrics import draw_sphere_map
+    from eqvit.train.metrics import draw_sphere_map, map_keywords
 
     first = next(iter(results))
     leads = list(next(iter(results.values()))["maps"])
-    panels = []  # (row label, lead, map, task)
+    panels = []  # (row label, lead, map)
     for label, result in results.items():
         for k in leads:
-            panels.append((label, k, result["maps"][k][0], tasks[label]))
-    panels += [("persistence", k, results[first]["maps"][k][1], tasks[first]) for k in leads]
-    finite = [m.numpy() for _, _, m, _ in panels if m is not None]
+            panels.append((label, k, _array(result["maps"][k][0])))
+    panels += [("persistence", k, _array(results[first]["maps"][k][1])) for k in leads]
+    finite = [m for _, _, m in panels if m is not None]
     vmax = max(float(np.nanpercentile(m, 99)) for m in finite) if finite else 1.0
     norm = Normalize(0.0, vmax if np.isfinite(vmax) and vmax > 0 else 1.0)
     cols, map_rows = len(leads), len(results) + 1
@@ -212,14 +237,14 @@ def plot_rollout_comparison(
             ax.legend(fontsize=7)
     artist = None
     axes = []
-    for index, (label, k, emap, task) in enumerate(panels):
+    for index, (label, k, emap) in enumerate(panels):
         ax = fig.add_subplot(grid[1 + index // cols, index % cols])
         axes.append(ax)
         if emap is None:
             ax.axis("off")
             ax.text(0.5, 0.5, f"{label}\nnot finite at {k} h", ha="center", va="center", transform=ax.transAxes)
             continue
-        artist = draw_sphere_map(ax, emap.numpy(), norm=norm, **_map_keywords(task))
+        artist = draw_sphere_map(ax, emap, norm=norm, **map_keywords(emap))
         ax.set_title(f"{label}, lead {k * results[first]['dt_hours']:g} h", fontsize=8)
     if artist is not None:
         fig.colorbar(artist, ax=axes, label="mean |error| (normalised units)", shrink=0.8, extend="max")
@@ -229,11 +254,10 @@ def plot_rollout_comparison(
     plt.close(fig)
 
 
-def plot_rollout(result: dict[str, Any], task: Any, path: str | Path, name: str) -> None:
+def plot_rollout(result: dict[str, Any], path: str | Path, name: str) -> None:
     """``rollout.png`` of one model: error against lead time with persistence, and its error maps."""
     plot_rollout_comparison(
         {name: result},
-        {name: task},
         path,
         title=f"{name}: autoregressive rollout from {result['num_initial_conditions']} validation initial conditions",
     )
@@ -252,7 +276,7 @@ def rollout_checkpoint(config: Any, checkpoint: str | Path, num_steps: int, out:
     result = rollout(model, task, num_steps, progress=True)
     report = rollout_json(result, model=config.model.name, checkpoint=str(checkpoint))
     (folder / "rollout.json").write_text(json.dumps(report, indent=2))
-    plot_rollout(result, task, folder / "rollout.png", config.model.name)
+    plot_rollout(result, folder / "rollout.png", config.model.name)
     print(rollout_table(result))
     print(f"wrote {folder / 'rollout.json'} and {folder / 'rollout.png'}")
     return report
