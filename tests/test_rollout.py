@@ -204,3 +204,23 @@ def test_bare_blocks_spec_matches_the_candidate():
     assert bare(example_input(bare, 2, torch.device("cpu"))).shape == (2, 240, 32)
     with pytest.raises(ValueError, match="bare-block spec"):
         build("timm_blocks:4x128")
+
+
+def test_checkpoint_of_another_head_count_names_num_heads(tmp_path, monkeypatch):
+    """so3vit_4x256 / *x512 changed their heads (8 -> 4): a checkpoint of the old count is refused with
+    a message naming ``num_heads``, and loads once the config says ``num_heads: 8`` (here: tiny, 1 vs 2)."""
+    from eqvit.train.checkpoint import CheckpointError
+    from eqvit.train.config import load_config
+    from eqvit.train.engine import Trainer, evaluate_checkpoint
+
+    monkeypatch.setenv("EQVIT_CACHE", str(tmp_path / "cache"))
+    old = dict(TINY, model={"name": "so3vit_tiny", "kwargs": {"residual": True, "num_heads": 1}})
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
+    trainer = Trainer(load_config(tmp_path / "old.yaml"), out_dir=tmp_path / "old", progress=False)
+    trainer.fit(max_steps=1)
+    ck = tmp_path / "old" / "last.safetensors"
+    now = dict(TINY, model={"name": "so3vit_tiny", "kwargs": {"residual": True}})
+    (tmp_path / "now.yaml").write_text(yaml.safe_dump(now))
+    with pytest.raises(CheckpointError, match="num_heads: 2 in the config, 1 in the checkpoint"):
+        evaluate_checkpoint(load_config(tmp_path / "now.yaml"), ck, progress=False)
+    assert evaluate_checkpoint(load_config(tmp_path / "old.yaml"), ck, progress=False)["metrics"]["rel_l2"] > 0
