@@ -129,6 +129,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from eqvit.train.engine import evaluate_checkpoint
 
     config = load_config(args.config)
+    if args.rollout is not None:
+        from eqvit.train.rollout import rollout_checkpoint
+
+        if args.out is None or args.json:
+            raise ValueError("--rollout N writes OUT/rollout.json and OUT/rollout.png: give --out DIR (not --json)")
+        rollout_checkpoint(config, args.checkpoint, args.rollout, args.out)
+        return 0
     if args.json:  # found before the evaluation, not after it
         check_output_file(args.json, "--json")
     result = evaluate_checkpoint(config, args.checkpoint)
@@ -211,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("--checkpoint", required=True, help="path to last.safetensors")
     p.add_argument("--json", help="also write the metrics to this JSON file")
+    p.add_argument(
+        "--rollout",
+        type=_int_at_least(1),
+        metavar="N",
+        help="shallow water: feed the model its own predictions N steps",
+    )
+    p.add_argument("--out", help="with --rollout: folder for rollout.json and rollout.png")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("export", help="write a checkpoint's model weights as a plain state dict (for timm)")

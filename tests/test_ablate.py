@@ -44,7 +44,19 @@ def fake_swe_cells(ablate, store, with_maps: bool) -> None:
         )
         speed[label] = {"forward_ms": 10.0 * (i + 1), "peak_train_mb": None if i == 0 else 100.0 * i}
         if with_maps:
+            from eqvit.train.rollout import save_maps
+
             np.save(ablate.error_map_path(store, label), rng.random(10 * 4**2 + 2).astype(np.float32))
+            steps = [
+                dict(step=k, lead_hours=float(k), rel_l1=0.1 * k, rel_l2=0.1 * k, persistence_rel_l1=1.0,
+                     persistence_rel_l2=1.0, polar_error_ratio=1.0, persistence_polar_error_ratio=1.0)
+                for k in (1, 2)
+            ]  # fmt: skip
+            store.cells[f"train-{ablate.slug(label)}"]["rollout"] = dict(
+                num_steps=2, dt_hours=1.0, num_initial_conditions=2, first_nonfinite_step=None, steps=steps
+            )
+            maps = {k: (rng.random(162), rng.random(162)) for k in (1, 2)}
+            save_maps({"maps": maps}, ablate.rollout_maps_path(store, label))
     store.put("speed", speed)
 
 
@@ -60,6 +72,7 @@ def test_swe_report_redraws_from_cells_without_checkpoints(ablate, tmp_path, wit
     assert not (tmp_path / "runs").exists()
     assert (tmp_path / "pareto_l2_vs_time.png").stat().st_size > 0
     assert (tmp_path / "error_maps.png").exists() == with_maps  # a missing map skips the figure, no crash
+    assert (tmp_path / "rollout.png").exists() == with_maps  # every model's rollout curves and maps
 
 
 def test_main_keeps_a_history_of_invocations(ablate, tmp_path, monkeypatch, capsys):

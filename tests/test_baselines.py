@@ -182,15 +182,18 @@ def test_benchmark_smoke(tmp_path, capsys):
         "s2transformer_tiny",
         "so3vit_tiny",
         "so3vit_tiny[posenc=none]",
+        "timm_blocks:2x32,2h,240t",  # the no-overhead limit: the candidate's blocks alone
     }
     assert result["headline"]["reference"] == "s2transformer_tiny" and result["headline"]["candidate"] == "so3vit_tiny"
     assert result["headline"]["speedup"] > 0 and result["headline"]["rope_overhead"] > 0
+    assert result["headline"]["over_bare"] > 0 and result["headline"]["bare_speedup"] > 0
     assert (
         len(result["forward_ms_raw"]["so3vit_tiny"]) == 3 and len(result["forward_ms_raw"]["s2transformer_tiny"]) == 2
     )
     assert result["machine"]["torch"] == torch.__version__ and result["machine"]["cpu_count"] >= 1
     printed = capsys.readouterr().out
     assert "SO(3)-RoPE overhead" in printed and "speed-up over s2transformer_tiny" in printed
+    assert "over the bare blocks" in printed
     # The memory measurement that the CLI runs in a fresh process, here in-process.
     mem = bench.memory_worker("so3vit_tiny", "cpu", batch=2, steps=1)
     assert mem["peak_mb"] >= mem["model_tensors_mb"] > 0 and len(mem["train_step_ms"]) == 1

@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "platonic_pointcloud": "Platonic frames on point clouds: accuracy under random SO(3) test rotations",
     "platonic_speed": "Platonic Transformer forward time against a timm ViT of equal |G|·C width",
     "so3vit_vs_s2transformer": "SO3ViT vs the S2Transformer baseline: time, training memory, parameters",
+    "so3vit_sweep": "the SO(3)-RoPE seed's grid over depth, heads and width: error vs time per epoch",
     "swe_accuracy": "equal wall-clock accuracy on shallow water: SO3ViT, APE ablation, S2Transformer",
     "wigner_timing": "time of the real Wigner-D matrices on a batch of random poses",
 }

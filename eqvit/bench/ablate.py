@@ -186,6 +186,7 @@ def spec_string(name: str, kwargs: dict[str, Any]) -> str:
 def run_swe(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
     from eqvit.train.config import load_config
     from eqvit.train.engine import Trainer
+    from eqvit.train.rollout import rollout, rollout_json, save_maps
 
     specs = swe_specs()
     minutes = args.minutes if args.minutes is not None else (1.0 if args.quick else 20.0)
@@ -214,6 +215,9 @@ def run_swe(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
     for label, trainer in trainers.items():
         summary = trainer.finish()
         error_map = trainer.final_evaluation["error_map"]
+        curves = rollout(trainer.model, trainer.task, args.rollout) if args.rollout > 0 else None
+        if curves is not None:
+            save_maps(curves, rollout_maps_path(store, label))
         # beside the cells (committed), not under runs/ (checkpoints, ignored): the report redraws from it
         np.save(error_map_path(store, label), error_map.numpy().astype(np.float32))
         store.put(
@@ -229,6 +233,7 @@ def run_swe(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
                 "metrics": summary["metrics"],
                 "persistence": summary.get("persistence"),
                 "on_grid": trainer.task.on_grid,
+                "rollout": rollout_json(curves) if curves is not None else None,
                 "machine": machine(),
             },
         )
@@ -311,7 +316,7 @@ def swe_report(specs: dict, args: argparse.Namespace, store: CellStore, minutes:
             f"| persistence | - | - | - | {persistence['rel_l2']:.4f} | {persistence['rel_l1']:.4f} | "
             f"{persistence['polar_error_ratio']:.3f} | - | - |"
         )
-    plots = [swe_pareto_plot(rows, store.folder), swe_error_maps(specs, store)]
+    plots = [swe_pareto_plot(rows, store.folder), swe_error_maps(specs, store), swe_rollout_plot(specs, store)]
     return {"rows": rows, "persistence": persistence, "minutes": minutes, "table": "\n".join(lines), "plots": plots}
 
 
@@ -367,41 +372,38 @@ def find_error_map(store: CellStore, label: str) -> Path | None:
 
 
 def swe_error_maps(specs: dict, store: CellStore) -> str:
-    """Mean absolute error of every model on one colour scale, side by side (lon/lat)."""
-    plt = _pyplot()
-    from eqvit.geometry import icosphere
+    """Mean absolute error of every model on one colour scale: filled triangles (grid cells for the
+    S2Transformer, on its own grid), Mollweide, as in the SO(3)-RoPE seed's Fig. 3."""
+    from eqvit.train.metrics import plot_sphere_maps
 
     paths = {label: find_error_map(store, label) for label in specs}
     missing = [label for label, p in paths.items() if p is None]
     if missing:
         print(f"error maps not found for {missing}: error_maps.png not redrawn", flush=True)
         return "error_maps.png"
-    maps = {label: np.load(path) for label, path in paths.items()}
-    vmax = max(float(np.percentile(m, 99)) for m in maps.values())
-    cols = 2
-    rows = math.ceil(len(maps) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.0 * rows), squeeze=False, layout="constrained")
-    sphere = None
-    for ax, (label, emap) in zip(axes.ravel(), maps.items()):
-        if emap.ndim == 2:  # equiangular grid
-            im = ax.imshow(emap, extent=(0, 360, -90, 90), aspect="auto", cmap="magma", vmin=0, vmax=vmax)
-        else:  # icosphere vertices, drawn by nearest vertex on a 1-degree lon/lat raster
-            if sphere is None or len(sphere.vertices) != len(emap):
-                sphere = icosphere(int(round(math.log((len(emap) - 2) / 10, 4))))
-                nearest = nearest_vertex_raster(sphere.vertices)
-            im = ax.imshow(emap[nearest], extent=(0, 360, -90, 90), aspect="auto", cmap="magma", vmin=0, vmax=vmax)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("longitude [deg]", fontsize=8)
-        ax.set_ylabel("latitude [deg]", fontsize=8)
-        ax.axhline(60, color="w", lw=0.5, ls="--")
-        ax.axhline(-60, color="w", lw=0.5, ls="--")
-    for ax in axes.ravel()[len(maps) :]:
-        ax.axis("off")
-    fig.colorbar(im, ax=axes.ravel().tolist(), label="mean |error| (normalised units)", shrink=0.8)
-    path = store.folder / "error_maps.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path.name
+    panels = [dict(title=label, values=np.load(path)) for label, path in paths.items()]
+    plot_sphere_maps(panels, store.folder / "error_maps.png", cols=2)
+    return "error_maps.png"
+
+
+def rollout_maps_path(store: CellStore, label: str) -> Path:
+    return store.folder / "cells" / f"rollout_maps-{slug(label)}.npz"
+
+
+def swe_rollout_plot(specs: dict, store: CellStore) -> str:
+    """``rollout.png``: every model's autoregressive rollout error against lead time, and its maps."""
+    from eqvit.train.rollout import load_maps, plot_rollout_comparison
+
+    results = {}
+    for label in specs:
+        curves = store.cells[f"train-{slug(label)}"].get("rollout")
+        path = rollout_maps_path(store, label)
+        if curves is None or not path.exists():
+            print(f"no rollout for {label}: rollout.png not redrawn", flush=True)
+            return "rollout.png"
+        results[label] = dict(curves, maps=load_maps(path))
+    plot_rollout_comparison(results, store.folder / "rollout.png", title="Shallow water: autoregressive rollouts")
+    return "rollout.png"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -837,7 +839,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--amp", action="store_true", help="swe speed: bf16 autocast (GPU)")
     parser.add_argument("--fresh", action="store_true", help="ignore finished cells and start over")
+    parser.add_argument("--rollout", type=int, default=None, help="swe: autoregressive rollout steps (16, quick 4)")
     args = parser.parse_args(argv)
+    if args.rollout is None:
+        args.rollout = 4 if args.quick else 16
 
     torch.set_num_threads(args.threads)
     folder = args.out / (f"{args.task}_quick" if args.quick else args.task)

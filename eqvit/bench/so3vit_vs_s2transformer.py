@@ -11,6 +11,14 @@ plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"
   are slow here (the S2Transformers on CPU) run in fewer rounds (``--s2-repeats``), spread evenly
   over the whole sequence. Ratios are reported as ratios of medians and as the median of the
   per-round ratios.
+* The no-overhead limit: a bare stack of timm ``Block(width, heads)`` of the candidate's depth on
+  the candidate's tokens (``timm_blocks:DxW,Hh,Nt``), timed with the others. SO3ViT's forward over
+  it is everything SO3ViT adds to plain attention blocks (latitude encoding, lifting, SO(3)-RoPE,
+  final norm, unpatchify); the S2Transformer over it bounds the speed-up any ViT on these tokens
+  can reach on this machine. ``--batches 1 4`` times every model at each batch size.
+* ``--profile``: the candidate's forward split into its stages (latitude encoding, lifting, the
+  blocks with and without SO(3)-RoPE, the Wigner rotation alone, final norm + unpatchify), timed
+  in interleaved rounds.
 * Peak training memory: batch 4, forward + backward + Adam step, each model in a fresh subprocess.
   On CPU the peak resident set size is reset (``/proc/self/clear_refs``) after the model, the
   optimizer and the batch exist, and the reported figure is
@@ -59,7 +67,7 @@ DEFAULT_MODELS = [
     "so3vit_4x512",
 ]
 DEFAULT_OUT = results_dir() / "so3vit_vs_s2transformer.json"
-TARGETS = {"speedup": 8.0, "memory_ratio": 3.0, "rope_overhead": 1.15}
+TARGETS = {"speedup": 8.0, "memory_ratio": 3.0, "rope_overhead": 1.05, "over_bare": 1.05}
 NOROPE = "[posenc=none]"  # suffix of the candidate's variant without SO(3)-RoPE
 
 
@@ -67,10 +75,40 @@ NOROPE = "[posenc=none]"  # suffix of the candidate's variant without SO(3)-RoPE
 # models
 
 
+BARE = "timm_blocks:"  # prefix of the bare-block specs: timm_blocks:{depth}x{width},{heads}h,{tokens}t
+
+
+class BareBlocks(torch.nn.Module):
+    """``depth`` timm ``Block(width, heads)`` on tokens ``[B, tokens, width]``: attention blocks and nothing else."""
+
+    def __init__(self, depth: int, width: int, heads: int, tokens: int) -> None:
+        super().__init__()
+        from timm.models.vision_transformer import Block
+
+        # qkv_bias as in SO3ViT (timm's default is False): the same weights, so the difference is all overhead
+        self.blocks = torch.nn.Sequential(*[Block(width, heads, qkv_bias=True) for _ in range(depth)])
+        self.token_shape = (tokens, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+def bare_spec(model: torch.nn.Module) -> str:
+    """The bare-block spec matching an SO3ViT's depth, width, heads and token count."""
+    cfg = model.config
+    return f"{BARE}{cfg['depth']}x{cfg['embed_dim']},{cfg['num_heads']}h,{num_tokens(model)}t"
+
+
 def build(spec: str) -> torch.nn.Module:
-    """A registered model name, optionally with the ``[posenc=none]`` suffix or JSON kwargs ``name{...}``."""
+    """A registered model name, optionally with the ``[posenc=none]`` suffix or JSON kwargs ``name{...}``;
+    or a bare-block spec ``timm_blocks:4x128,4h,960t``."""
     from eqvit import models
 
+    if spec.startswith(BARE):
+        match = re.fullmatch(r"(\d+)x(\d+),(\d+)h,(\d+)t", spec[len(BARE) :])
+        if match is None:
+            raise ValueError(f"expected a bare-block spec like {BARE}4x128,4h,960t, got {spec!r}")
+        return BareBlocks(*map(int, match.groups()))
     if "{" in spec:
         name, kwargs = spec.split("{", 1)
         return models.create_model(name, **json.loads("{" + kwargs))
@@ -80,6 +118,8 @@ def build(spec: str) -> torch.nn.Module:
 
 
 def example_input(model: torch.nn.Module, batch: int, device: torch.device) -> torch.Tensor:
+    if isinstance(model, BareBlocks):
+        return torch.randn(batch, *model.token_shape, device=device)
     return torch.randn(batch, model.in_chans, *model.domain.shape, device=device)
 
 
@@ -195,7 +235,7 @@ def measure_memory(spec: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def time_forward(
-    specs: list[str], repeats: dict[str, int], warmup: int, device: torch.device, amp: bool = False
+    specs: list[str], repeats: dict[str, int], warmup: int, device: torch.device, amp: bool = False, batch: int = 1
 ) -> dict[str, Any]:
     """Interleaved forward timing; with ``amp`` under bf16 autocast. On CUDA each model first goes through
     :func:`_device.flash_model_check` and, if flash takes all its SDPA calls, runs with flash pinned."""
@@ -206,7 +246,7 @@ def time_forward(
     for spec in specs:
         torch.manual_seed(0)
         built[spec] = build(spec).to(device).eval()
-        inputs[spec] = example_input(built[spec], 1, device)
+        inputs[spec] = example_input(built[spec], batch, device)
         if device.type == "cuda":
             flash[spec] = _device.flash_model_check(built[spec], inputs[spec], device, amp)
             print(f"flash check {spec}: {flash[spec]['flash']}", file=sys.stderr)
@@ -225,7 +265,7 @@ def time_forward(
             for spec in specs:
                 forward(spec)
         sync(device)
-        for r in tqdm(range(rounds), desc="forward rounds", file=sys.stderr, disable=None):
+        for r in tqdm(range(rounds), desc=f"forward rounds (batch {batch})", file=sys.stderr, disable=None):
             order = specs[r % len(specs) :] + specs[: r % len(specs)]
             for spec in order:
                 if r not in scheduled[spec]:
@@ -252,6 +292,80 @@ def paired_ratios(a: list[dict[str, float]], b: list[dict[str, float]]) -> list[
     """Per-round ``a / b`` for the rounds in which both ran."""
     b_by_round = {t["round"]: t["ms"] for t in b}
     return [t["ms"] / b_by_round[t["round"]] for t in a if t["round"] in b_by_round]
+
+
+def _ratio(raw: dict[str, list[dict[str, float]]], a: str | None, b: str | None) -> tuple[float, float] | None:
+    """(ratio of medians, median of per-round ratios) of ``a`` over ``b``."""
+    if a is None or b is None:
+        return None
+    med = statistics.median(t["ms"] for t in raw[a]) / statistics.median(t["ms"] for t in raw[b])
+    paired = paired_ratios(raw[a], raw[b])
+    return med, (statistics.median(paired) if paired else None)
+
+
+def ratios(raw: dict, reference: str, candidate: str | None, norope: str | None, bare: str | None) -> dict[str, Any]:
+    """The headline ratios at one batch size: speed-ups over the reference, overheads over the limits."""
+    out: dict[str, Any] = {"forward_ms_median": {s: statistics.median(t["ms"] for t in v) for s, v in raw.items()}}
+    for key, (a, b) in {
+        "speedup": (reference, candidate),
+        "bare_speedup": (reference, bare),
+        "over_bare": (candidate, bare),
+        "rope_overhead": (candidate, norope),
+    }.items():
+        r = _ratio(raw, a, b)
+        if r is not None:
+            out[key], out[f"{key}_paired_median"] = r
+    return out
+
+
+def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, warmup: int) -> dict[str, float]:
+    """Median ms of each stage of an SO3ViT forward (``no_grad``), timed in interleaved rounds.
+
+    ``blocks`` run with SO(3)-RoPE and ``blocks_no_rope`` the same blocks without it; ``wigner`` is the
+    rotation of queries and keys alone (all blocks); ``head`` the final norm and the unpatchify.
+    """
+    torch.manual_seed(0)
+    model = build(spec).to(device).eval()
+    x = example_input(model, batch, device)
+    with torch.no_grad():
+        encoded = model.input_encoding(x)
+        tokens = model.embed_tokens(encoded)
+        rope = model.posenc.rope_for(encoded)
+        H = model.config["num_heads"]
+        D = model.embed_dim // H
+        q = torch.randn(batch, tokens.shape[1], H, D, device=device)
+        k = torch.randn_like(q)
+
+    def blocks(r):
+        t = tokens
+        for block in model.blocks:
+            t = block(t, r, 0)
+        return t
+
+    def wigner():
+        for _ in model.blocks:
+            rope.rotate_qk_tokens(q, k, 0)
+
+    stages = {
+        "forward": lambda: model(x),
+        "latitude_encoding": lambda: model.input_encoding(x),
+        "lifting": lambda: model.embed_tokens(encoded),
+        "blocks": lambda: blocks(rope),
+        "blocks_no_rope": lambda: blocks(None),
+        "head": lambda: model.head(model.norm(tokens)),
+    }
+    if rope is not None:
+        stages["wigner"] = wigner
+    times: dict[str, list[float]] = {name: [] for name in stages}
+    names = list(stages)
+    with torch.no_grad():
+        for _ in range(warmup):
+            for fn in stages.values():
+                fn()
+        for r in range(repeats):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                times[name].append(_device.time_ms(stages[name], device))
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,12 +426,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reference = pick(args.models, args.reference, "s2transformer") or args.models[0]
     candidate = pick(args.models, args.candidate, "so3vit")
     specs = list(args.models)
-    norope = None
+    norope = bare = None
     if candidate is not None:
-        cfg = getattr(models.create_model(candidate), "config", {})
+        built = models.create_model(candidate)
+        cfg = getattr(built, "config", {})
         if cfg.get("posenc") == "so3rope":
             norope = candidate + NOROPE
             specs.append(norope)
+        if not args.no_bare and {"depth", "embed_dim", "num_heads"} <= set(cfg) and num_tokens(built):
+            bare = bare_spec(built)
+            specs.append(bare)
     repeats = {s: (args.s2_repeats if s.startswith("s2transformer") else args.repeats) for s in specs}
 
     info = machine_info(device)
@@ -328,7 +446,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     flash_shapes = _device.flash_sdpa_check(device)
     if device.type == "cuda":
         print(f"flash SDPA on the models' attention shapes: {flash_shapes['flash']}", file=sys.stderr)
-    timing = time_forward(specs, repeats, args.warmup, device, amp=args.amp)
+    timings = {b: time_forward(specs, repeats, args.warmup, device, amp=args.amp, batch=b) for b in args.batches}
+    timing = timings[args.batches[0]]
+    profile = {}
+    if args.profile and candidate is not None:
+        for b in args.batches:
+            profile[b] = profile_stages(candidate, device, b, args.repeats, args.warmup)
     memory = {}
     if not args.no_memory:
         for spec in args.models:
@@ -358,17 +481,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "memory_ratio": ref_mem / peak if ref_mem and peak else None,
             }
         )
-    headline: dict[str, Any] = {"reference": reference, "candidate": candidate, "targets": TARGETS}
+    headline: dict[str, Any] = {"reference": reference, "candidate": candidate, "bare": bare, "targets": TARGETS}
+    per_batch = {b: ratios(t["raw"], reference, candidate, norope, bare) for b, t in timings.items()}
+    headline.update(per_batch[args.batches[0]])
     if candidate is not None:
-        headline["speedup"] = median[reference] / median[candidate]
-        paired = paired_ratios(timing["raw"][reference], timing["raw"][candidate])
-        headline["speedup_paired_median"] = statistics.median(paired) if paired else None
         cand_mem = memory.get(candidate, {}).get("peak_mb")
         headline["memory_ratio"] = ref_mem / cand_mem if ref_mem and cand_mem else None
-    if norope is not None:
-        headline["rope_overhead"] = median[candidate] / median[norope]
-        paired = paired_ratios(timing["raw"][candidate], timing["raw"][norope])
-        headline["rope_overhead_paired_median"] = statistics.median(paired) if paired else None
+    headline["batches"] = per_batch
     return {
         "machine": info,
         "settings": {
@@ -376,7 +495,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats,
             "s2_repeats": args.s2_repeats,
             "warmup": args.warmup,
-            "forward_batch_size": 1,
+            "forward_batch_sizes": args.batches,
             "train_batch_size": args.batch_size,
             "train_steps": args.train_steps,
             "dtype": _device.amp_dtype(args.amp),
@@ -391,6 +510,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "headline": headline,
         "forward_ms_raw": timing["raw"],
+        "forward_ms_raw_by_batch": {b: t["raw"] for b, t in timings.items()},
+        "profile": profile,
         "memory_raw": memory,
     }
 
@@ -427,6 +548,22 @@ def print_report(result: dict[str, Any]) -> None:
             f"SO(3)-RoPE overhead ({head['candidate']} so3rope / none): {fmt_ratio(head['rope_overhead'])} "
             f"(paired per-round median {fmt_ratio(head['rope_overhead_paired_median'])}; "
             f"target <= {t['rope_overhead']}x)"
+        )
+    for b, h in head.get("batches", {}).items():
+        parts = []
+        for key, label in (
+            ("speedup", f"{head['candidate']} / {ref} speed-up"),
+            ("bare_speedup", f"bare blocks / {ref} speed-up"),
+            ("over_bare", f"{head['candidate']} over the bare blocks"),
+            ("rope_overhead", "SO(3)-RoPE over none"),
+        ):
+            if key in h:
+                parts.append(f"{label} {fmt_ratio(h[key])} (paired {fmt_ratio(h.get(key + '_paired_median'))})")
+        print(f"batch {b}: " + "; ".join(parts))
+    for b, stages in result.get("profile", {}).items():
+        print(
+            f"profile of {head['candidate']} at batch {b} (median ms): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
         )
     flash = result.get("flash", {})
     if flash.get("sdpa_shapes", {}).get("flash", "n/a") != "n/a":
@@ -466,6 +603,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reference", default=None, help="ratios are against this model (default: first s2transformer*)")
     p.add_argument("--candidate", default=None, help="headline model (default: first so3vit*)")
     p.add_argument("--no-memory", action="store_true", help="skip the training-memory measurement")
+    p.add_argument("--no-bare", action="store_true", help="skip the bare timm-block stack (the no-overhead limit)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1], help="forward batch sizes (default 1)")
+    p.add_argument("--profile", action="store_true", help="also time the candidate's forward stage by stage")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     p.add_argument("--quick", action="store_true", help="few repeats (smoke test)")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)

@@ -6,7 +6,10 @@ Each model trains for the same budget of training-step time (default 20 min on C
 each, so load from other jobs on a shared machine hits all of them alike. Then each is scored on
 the same validation simulations: quadrature-weighted relative L2 and L1 and
 the polar error ratio (mean error poleward of 60 deg latitude over the global mean; 1 = uniform,
-the SO(3)-RoPE paper's Figure 3 claim in one number). Writes JSON, error-map PNGs, prints a table.
+the SO(3)-RoPE paper's Figure 3 claim in one number). Then every model is rolled out
+autoregressively for ``--rollout`` steps (default 16) from the same initial conditions
+(:mod:`eqvit.train.rollout`): ``rollout.png`` holds the error against lead time of every model and
+persistence, and the error maps at a few lead times. Writes JSON, error-map PNGs, prints tables.
 
 Usage: ``python benchmarks/swe_accuracy.py [--minutes 20] [--models ...] [--out DIR]``
 """
@@ -41,6 +44,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(results_dir() / "swe_accuracy"))
     parser.add_argument("--max-steps", type=int, default=None, help="also stop after N steps (smoke tests)")
     parser.add_argument("--slice", type=float, default=60.0, help="seconds per model per interleaved round")
+    parser.add_argument("--rollout", type=int, default=16, help="autoregressive rollout steps (0: none)")
     args = parser.parse_args()
 
     base = load_config(args.config)
@@ -74,6 +78,19 @@ def main() -> None:
         f"{'persistence':<22} {'':>8} {'':>6} {'':>7} {persistence['rel_l2']:>8.4f} {persistence['rel_l1']:>8.4f} "
         f"{persistence['polar_error_ratio']:>12.3f}"
     )
+    if args.rollout > 0:
+        from eqvit.train.rollout import plot_rollout_comparison, rollout, rollout_json, rollout_table
+
+        rollouts = {name: rollout(t.model, t.task, args.rollout) for name, t in trainers.items()}
+        for name, r in rollouts.items():
+            results[name]["rollout"] = rollout_json(r)
+            print(f"\nrollout of {name}:\n{rollout_table(r)}")
+        out.mkdir(parents=True, exist_ok=True)
+        plot_rollout_comparison(
+            rollouts,
+            out / "rollout.png",
+            title=f"Autoregressive rollouts after {args.minutes:g} min of training each",
+        )
     report = {
         "minutes_per_model": args.minutes,
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
@@ -81,7 +98,7 @@ def main() -> None:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "swe_accuracy.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {out / 'swe_accuracy.json'} and per-model error_map.png / loss_curve.png")
+    print(f"wrote {out / 'swe_accuracy.json'}, rollout.png and per-model error_map.png / loss_curve.png")
 
 
 if __name__ == "__main__":

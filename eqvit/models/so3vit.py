@@ -1,9 +1,31 @@
 """SO3ViT: icosphere patches lifted to SO(3), SO(3)-RoPE attention (SO(3)-RoPE seed).
 
 Configurations follow the seed's Table 1 (depth x width); ``so3vit_tiny`` exists so that the
-test suite runs every registered model. Heads (from the seed's grid 1, 2, 4, 8): head_dim 32
-(SO(3)-RoPE orders 0..4) at widths 128 and 256, head_dim 64 (orders 0..7) at width 512; at
-width 128 four heads of 32 are faster than two of 64 and keep RoPE's cost under 10 %.
+test suite runs every registered model.
+
+Heads (from the seed's grid 1, 2, 4, 8) are chosen so that the SO(3)-RoPE degree L grows with
+the width, as the seed argues (Sec. 4.2: wider models allow higher Wigner-D orders and so finer
+positional resolution): four heads at every width, head_dim 32 / 64 / 128 at width 128 / 256 /
+512, i.e. L = 4 / 7 / 10 ((L+1)^2 <= head_dim). At width 128 four heads of 32 are faster than
+two of 64 and keep RoPE's cost low. (Before: eight heads at 256 and 512, L = 4 / 4 / 7.
+Checkpoints of those runs name ``num_heads`` when loaded; add ``num_heads: 8`` to the config's
+model kwargs to load them: the weights are the same shapes.)
+
+Parameter counts against Table 1 (``eqvit info so3vit_4x128`` ...): 0.83M / 3.23M / 12.75M /
+50.58M / 101.0M here, 0.98M / 3.54M / 13.37M / 51.12M / 101.45M in the seed. Why they differ,
+exactly: fitting the seed's five counts as ``a * depth + b`` gives ``a = 3.146M = 12 * 512^2``
+per block at width 512 (our timm blocks: 12 W^2 + 13 W, the same up to biases) and ``b`` =
+0.19M / 0.39M / 0.79M at width 128 / 256 / 512, i.e. ``b = 1536 W`` within the rounding:
+``2 x 3 channels x 256 taps`` for the lifting and the unpatchify. 256 = 4^4 is the number of
+level-6 sub-triangles in one level-2 patch: the seed's kernels read 256 samples per patch (its
+input resolution is not stated; 256 taps fit a signal on the faces of a level-6 icosphere,
+81,920 samples). Our input is the 10,242 vertices of icosphere level 5 (the shallow-water data
+and every test use it), whose level-2 patch holds (8+1)(8+2)/2 = 45 vertices: 2 x 3 x 45 = 270
+parameters per width, the whole difference (0.19M - 0.035M at width 128). No triangle kernel on
+these 45 vertices reaches 256 taps without interpolating (which the seed's lifting avoids), and
+the kernel's support cannot grow past the patch without crossing the 12 five-fold vertices,
+where the flat lattice does not fit (no exact rotation covariance). Matching the count would
+mean changing the data to level-6 faces: 8x the samples for every SWE run, which we do not do.
 """
 
 from __future__ import annotations
@@ -140,23 +162,23 @@ def so3vit_4x128(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
 
 @register_model
 def so3vit_4x256(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    model_args = dict(depth=4, embed_dim=256, num_heads=8)
+    model_args = dict(depth=4, embed_dim=256, num_heads=4)
     return _create("so3vit_4x256", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def so3vit_4x512(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    model_args = dict(depth=4, embed_dim=512, num_heads=8)
+    model_args = dict(depth=4, embed_dim=512, num_heads=4)
     return _create("so3vit_4x512", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def so3vit_16x512(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    model_args = dict(depth=16, embed_dim=512, num_heads=8)
+    model_args = dict(depth=16, embed_dim=512, num_heads=4)
     return _create("so3vit_16x512", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def so3vit_32x512(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    model_args = dict(depth=32, embed_dim=512, num_heads=8)
+    model_args = dict(depth=32, embed_dim=512, num_heads=4)
     return _create("so3vit_32x512", pretrained=pretrained, **dict(model_args, **kwargs))

@@ -889,11 +889,8 @@ def train(
     return trainer.fit(max_steps, max_minutes)
 
 
-def evaluate_checkpoint(config: ExperimentConfig, checkpoint: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Score a saved checkpoint of ``config``'s model on the validation set.
-
-    Returns ``{"metrics": ..., <baseline name>: ...}`` (``"persistence"``, ``"majority_class"``).
-    """
+def load_for_evaluation(config: ExperimentConfig, checkpoint: str | Path) -> tuple[nn.Module, Any]:
+    """The checkpoint's model (checked against ``config``, restricted as the run was) and its task."""
     tensors, sidecar = load_checkpoint(checkpoint)
     device = torch.device(config.train.device)
     check_dataset_name(config.data.name)
@@ -902,7 +899,15 @@ def evaluate_checkpoint(config: ExperimentConfig, checkpoint: str | Path, progre
     for subgroup in sidecar.get("relaxed", []):
         model = restrict_model(model, subgroup)
     load_model_state(model, tensors, str(checkpoint))
-    task = build_task(config.data, model, device)
+    return model, build_task(config.data, model, device)
+
+
+def evaluate_checkpoint(config: ExperimentConfig, checkpoint: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Score a saved checkpoint of ``config``'s model on the validation set.
+
+    Returns ``{"metrics": ..., <baseline name>: ...}`` (``"persistence"``, ``"majority_class"``).
+    """
+    model, task = load_for_evaluation(config, checkpoint)
     final, baseline = task.evaluate(model), task.evaluate(None)
     name = task.baseline_name
     if progress:

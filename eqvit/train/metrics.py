@@ -24,11 +24,16 @@ import torch
 __all__ = [
     "SphereErrorMap",
     "classification_scores",
+    "draw_sphere_map",
     "grid_latitudes",
     "latlon_quadrature_weights",
+    "map_keywords",
+    "mollweide",
     "plot_confusion",
+    "plot_sphere_maps",
     "polar_error_ratio",
     "relative_lp_error",
+    "sphere_mesh",
     "weighted_mean",
 ]
 
@@ -296,4 +301,204 @@ def plot_confusion(confusion: torch.Tensor, classes: list[str], path, title: str
     fig.colorbar(im, ax=ax, label="fraction of the true class")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------- sphere maps
+
+
+def sphere_mesh(points: torch.Tensor):
+    """Triangles ``[F, 3]`` (int64 numpy) on unit vectors ``points [V, 3]``: the icosphere's own faces
+    when ``points`` are an icosphere's vertices, else the convex hull (the spherical Delaunay mesh)."""
+    import numpy as np
+
+    from eqvit.geometry.icosphere import icosphere
+
+    p = np.asarray(points, dtype=np.float64)
+    if p.ndim != 2 or p.shape[1] != 3 or len(p) < 4:
+        raise ValueError(f"expected points [V, 3] with V >= 4, got {list(p.shape)}")
+    level = round(math.log(max(len(p) - 2, 1) / 10, 4)) if len(p) > 12 else 0
+    if 0 <= level <= 8 and 10 * 4**level + 2 == len(p):
+        sphere = icosphere(level)
+        if np.allclose(sphere.vertices, p, atol=1e-9):
+            return np.asarray(sphere.faces, dtype=np.int64)
+    from scipy.spatial import ConvexHull
+
+    return np.asarray(ConvexHull(p).simplices, dtype=np.int64)
+
+
+def _mesh_lonlat(points, faces):
+    """Per-triangle corner longitudes/latitudes ``[F', 3]`` (radians) and the face index of each,
+    cut at the date line: a triangle that straddles it is drawn twice, shifted by +-2 pi (the axes
+    clip the overhang); a pole corner takes its neighbours' mean longitude, so polar caps are not smeared."""
+    import numpy as np
+
+    p = np.asarray(points, dtype=np.float64)[faces]  # [F, 3, 3]
+    lat = np.arcsin(np.clip(p[..., 2], -1.0, 1.0))
+    lon = np.arctan2(p[..., 1], p[..., 0])
+    at_pole = np.abs(p[..., 2]) > 1 - 1e-12
+    first = np.argmin(at_pole, axis=1)  # the first corner that is not a pole (a pole's longitude means nothing)
+    ref = np.take_along_axis(lon, first[:, None], axis=1)
+    lon = ref + (lon - ref + np.pi) % (2 * np.pi) - np.pi  # unwrap each triangle around that corner
+    if at_pole.any():
+        rows = np.flatnonzero(at_pole.any(1))
+        for r in rows:
+            others = lon[r, ~at_pole[r]]
+            lon[r, at_pole[r]] = others.mean() if len(others) else 0.0
+    index = np.arange(len(faces))
+    over = lon.max(1) > np.pi
+    under = lon.min(1) < -np.pi
+    lons = [lon, lon[over] - 2 * np.pi, lon[under] + 2 * np.pi]
+    lats = [lat, lat[over], lat[under]]
+    return np.concatenate(lons), np.concatenate(lats), np.concatenate([index, index[over], index[under]])
+
+
+def mollweide(lon, lat):
+    """Mollweide (equal-area) coordinates ``(x, y)`` of longitudes/latitudes in radians (numpy, any shape);
+    the map is the ellipse ``(x / 2 sqrt 2)^2 + (y / sqrt 2)^2 <= 1``."""
+    import numpy as np
+
+    lon, lat = np.asarray(lon, dtype=np.float64), np.asarray(lat, dtype=np.float64)
+    theta = lat.copy()
+    target = np.pi * np.sin(lat)
+    for _ in range(30):  # Newton on 2 theta + sin 2 theta = pi sin(lat); the poles stay at +-pi/2
+        denom = 2 + 2 * np.cos(2 * theta)
+        ok = denom > 1e-12
+        theta = np.where(ok, theta - (2 * theta + np.sin(2 * theta) - target) / np.where(ok, denom, 1.0), theta)
+    return 2 * np.sqrt(2) / np.pi * lon * np.cos(theta), np.sqrt(2) * np.sin(theta)
+
+
+def _mollweide_frame(ax):
+    """Ellipse outline, a 30-degree graticule and no axes; returns the ellipse to clip the field to."""
+    import numpy as np
+    from matplotlib.patches import Ellipse
+
+    for lat in np.radians(np.arange(-60, 61, 30)):
+        x, y = mollweide(np.linspace(-np.pi, np.pi, 90), np.full(90, lat))
+        ax.plot(x, y, color="0.75", lw=0.3, zorder=3)
+    for lon in np.radians(np.arange(-150, 151, 30)):
+        x, y = mollweide(np.full(90, lon), np.linspace(-np.pi / 2, np.pi / 2, 90))
+        ax.plot(x, y, color="0.75", lw=0.3, zorder=3)
+    edge = Ellipse((0, 0), 4 * np.sqrt(2), 2 * np.sqrt(2), fill=False, lw=0.8, color="0.2", zorder=4)
+    ax.add_patch(edge)
+    ax.set_xlim(-2 * np.sqrt(2) * 1.01, 2 * np.sqrt(2) * 1.01)
+    ax.set_ylim(-np.sqrt(2) * 1.02, np.sqrt(2) * 1.02)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    return edge
+
+
+def draw_sphere_map(ax, values, *, points=None, faces=None, latitudes=None, norm=None, cmap: str = "magma"):
+    """Draw one field on plain axes ``ax`` in the Mollweide (equal-area) projection; returns the artist.
+
+    ``values [V]`` on ``points [V, 3]``: filled triangles (``faces``, default :func:`sphere_mesh`), each
+    coloured by the mean of its corners. ``values [nlat, nlon]`` on an equiangular grid (``latitudes
+    [nlat]`` in radians, longitudes ``2 pi j / nlon``): every cell filled. The projection is done here
+    in numpy (matplotlib's geo axes transform each of 20,000 triangles separately: 30 s a map).
+    """
+    import numpy as np
+    from matplotlib.tri import Triangulation
+
+    v = np.asarray(values, dtype=np.float64)
+    edge = _mollweide_frame(ax)
+    if v.ndim == 1:
+        if points is None:
+            raise ValueError("expected points [V, 3] for a map of shape [V], got none")
+        if len(points) != len(v):
+            raise ValueError(
+                f"expected points [{len(v)}, 3] for a map of shape [{len(v)}], got {list(np.shape(points))}"
+            )
+        faces = sphere_mesh(points) if faces is None else np.asarray(faces)
+        lon, lat, index = _mesh_lonlat(points, faces)
+        x, y = mollweide(lon, lat)
+        tri = Triangulation(x.ravel(), y.ravel(), np.arange(x.size).reshape(-1, 3))
+        artist = ax.tripcolor(
+            tri, facecolors=v[faces].mean(1)[index], cmap=cmap, norm=norm, edgecolors="none", antialiased=False
+        )
+    elif v.ndim == 2:
+        nlat, nlon = v.shape
+        lat = None if latitudes is None else np.asarray(latitudes, dtype=np.float64).reshape(-1)
+        if lat is None or lat.shape != (nlat,):
+            raise ValueError(f"expected latitudes [{nlat}] for a map of shape [{nlat}, {nlon}], got {latitudes!r}")
+        lon = 2 * np.pi * np.arange(nlon) / nlon
+        lon = np.where(lon >= np.pi, lon - 2 * np.pi, lon)
+        order = np.argsort(lon)
+        lon, v = lon[order], v[:, order]
+        lon, v = np.append(lon, lon[0] + 2 * np.pi), np.concatenate([v, v[:, :1]], axis=1)  # wrap: no gap at the rim
+        step = 2 * np.pi / nlon
+        lon_edges = np.append(lon - step / 2, lon[-1] + step / 2)
+        mid = (lat[:-1] + lat[1:]) / 2
+        lat_edges = np.concatenate([[lat[0] + (lat[0] - mid[0])], mid, [lat[-1] + (lat[-1] - mid[-1])]])
+        lat_edges = np.clip(lat_edges, -np.pi / 2, np.pi / 2)
+        x, y = mollweide(*np.meshgrid(lon_edges, lat_edges))
+        artist = ax.pcolormesh(x, y, v, cmap=cmap, norm=norm, shading="flat")
+    else:
+        raise ValueError(f"expected a map [V] or [nlat, nlon], got shape {list(v.shape)}")
+    artist.set_clip_path(edge)
+    return artist
+
+
+def map_keywords(values) -> dict:
+    """Where a stored map lives, from its shape alone: ``[V]`` with ``V = 10 * 4^L + 2`` -> the vertices of
+    ``icosphere(L)`` (``points``); ``[nlat, nlon]`` -> torch-harmonics' equiangular grid (``latitudes``)."""
+    import numpy as np
+
+    from eqvit.geometry.icosphere import icosphere
+
+    shape = np.shape(values)
+    if len(shape) == 2:
+        return {"latitudes": grid_latitudes(shape[0]).numpy()}
+    if len(shape) == 1 and shape[0] > 12:
+        level = round(math.log((shape[0] - 2) / 10, 4))
+        if 10 * 4**level + 2 == shape[0]:
+            return {"points": np.asarray(icosphere(level).vertices)}
+    raise ValueError(
+        f"expected a map on an icosphere's vertices [10 * 4^L + 2] or a grid [nlat, nlon], got {list(shape)}"
+    )
+
+
+def plot_sphere_maps(
+    panels,
+    path,
+    *,
+    title: str | None = None,
+    label: str = "mean |error| (normalised units)",
+    cols: int | None = None,
+    vmax: float | None = None,
+) -> None:
+    """Several sphere maps in one figure, Mollweide, one shared colour scale (0 .. ``vmax``, default the
+    largest 99th percentile of the panels).
+
+    ``panels``: a list of dicts with ``title``, ``values`` and the keywords of :func:`draw_sphere_map`
+    (``points``/``faces`` for point sets, ``latitudes`` for grids).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import Normalize
+
+    if not panels:
+        raise ValueError("expected at least one map panel, got none")
+    if vmax is None:
+        vmax = max(float(np.nanpercentile(np.asarray(p["values"], dtype=np.float64), 99)) for p in panels)
+    vmax = vmax if np.isfinite(vmax) and vmax > 0 else 1.0
+    norm = Normalize(vmin=0.0, vmax=vmax)
+    cols = cols or min(len(panels), 3)
+    rows = math.ceil(len(panels) / cols)
+    fig = plt.figure(figsize=(4.6 * cols, 2.6 * rows + 0.7), layout="constrained")
+    axes = []
+    for i, panel in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        keywords = {k: panel[k] for k in ("points", "faces", "latitudes") if k in panel} or map_keywords(
+            panel["values"]
+        )
+        artist = draw_sphere_map(ax, panel["values"], norm=norm, **keywords)
+        ax.set_title(panel.get("title", ""), fontsize=9)
+        axes.append(ax)
+    fig.colorbar(artist, ax=axes, label=label, shrink=0.85, extend="max")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=130)
     plt.close(fig)

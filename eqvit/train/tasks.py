@@ -250,32 +250,11 @@ class ShallowWaterTask:
         return ["error_map.png"]
 
     def plot_error_map(self, error_map: torch.Tensor, path: Path, title: str) -> None:
-        """Mean absolute error over the validation set, drawn in longitude/latitude."""
-        import matplotlib
+        """Mean absolute error over the validation set: filled icosphere triangles (or grid cells), Mollweide."""
+        from eqvit.train.metrics import plot_sphere_maps
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 4.2))
-        values = error_map.numpy()
-        if self.on_grid:
-            im = ax.imshow(values, extent=(0, 360, -90, 90), aspect="auto", cmap="magma")
-        else:
-            p = self.points.numpy()
-            lon = np.degrees(np.arctan2(p[:, 1], p[:, 0])) % 360
-            lat = np.degrees(np.arcsin(np.clip(p[:, 2], -1, 1)))
-            im = ax.scatter(lon, lat, c=values, s=4, cmap="magma", linewidths=0)
-            ax.set_xlim(0, 360)
-            ax.set_ylim(-90, 90)
-        ax.axhline(60, color="w", lw=0.6, ls="--")
-        ax.axhline(-60, color="w", lw=0.6, ls="--")
-        ax.set_xlabel("longitude [deg]")
-        ax.set_ylabel("latitude [deg]")
-        ax.set_title(title)
-        fig.colorbar(im, ax=ax, label="mean |error| (normalised units)")
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        where = {"latitudes": np.asarray(self.latitudes)} if self.on_grid else {"points": self.points.numpy()}
+        plot_sphere_maps([dict(title=title, values=error_map.numpy(), **where)], path, cols=1)
 
 
 # ---------------------------------------------------------------------------------- classification
