@@ -81,6 +81,7 @@ def build_o2vit(
     drop_path_rate: float = 0.05,
     head_drop_rate: float = 0.1,
     fused_attn: bool = True,
+    layout: str = "copies",
 ) -> EquivariantViT:
     """Build an O(2)-subgroup ViT.
 
@@ -98,6 +99,8 @@ def build_o2vit(
             (default ``num_heads``) copies; or explicit ``multiplicities`` ``{irrep: C_rho}``.
         mlp_ratio: the MLP G-set is ``mlp_ratio * regular_copies`` regular orbits unless
             ``mlp_spaces`` lists ``(subgroup indices | "regular" | "trivial", count)`` pairs.
+        layout: token and MLP feature storage, ``"copies"`` or ``"components"`` (Schur block matmuls,
+            :mod:`eqvit.nn.irrep_features`; the ViT-scale models of :mod:`eqvit.models.scale`).
     """
     config = dict(locals())
     check_model_args(config)
@@ -111,7 +114,7 @@ def build_o2vit(
         raise unknown_name_error("attention layout", attention, ATTENTION_LAYOUTS)
     G = o2_group(grid, group)
     if multiplicities is not None:
-        ftype = FeatureType(G, multiplicities)
+        ftype = FeatureType(G, multiplicities, layout=layout)
         copies = ftype.dim / G.order
         if embed_dim is not None and embed_dim != ftype.dim:
             raise ValueError(f"embed_dim {embed_dim} does not match the feature type {ftype}")
@@ -125,7 +128,7 @@ def build_o2vit(
             regular_copies = embed_dim // G.order
         elif regular_copies is None:
             regular_copies = num_heads
-        ftype = FeatureType.regular(G, regular_copies)
+        ftype = FeatureType.regular(G, regular_copies, layout=layout)
         copies = regular_copies
     heads = head_layout(ftype, num_heads, attention)
     basis = head_basis(ftype, attention)
@@ -140,7 +143,9 @@ def build_o2vit(
         per_head = channels // num_heads
         aligned = channels % num_heads == 0 and per_head % 2 == 0
         frame_rope = (num_heads, per_head) if aligned else (1, 2 * (channels // 2))
-    act_type, act_basis, _ = homogeneous_fourier_basis(G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies))
+    act_type, act_basis, _ = homogeneous_fourier_basis(
+        G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies), layout=layout
+    )
 
     if grid == "square":
         tokenizer = SquarePatchTokenizer(G, img_size, patch_size, in_chans, ftype)
