@@ -232,7 +232,8 @@ def _strided_slabs(basis: np.ndarray, sizes: list, shared: list, order: list) ->
     count, size = sizes[0]
     cols = order[0].reshape(count, size)
     slab, rest = np.divmod(cols[0], count)
-    if np.any(rest) or sorted(slab) != list(range(size)) or not np.array_equal(cols, cols[:1] + np.arange(count)[:, None]):
+    consecutive = np.array_equal(cols, cols[:1] + np.arange(count)[:, None])
+    if np.any(rest) or sorted(slab) != list(range(size)) or not consecutive:
         return None
     return slab
 

@@ -211,7 +211,7 @@ class IrrepAttention(nn.Module):
             # Stacked q/k/v slabs: output slab t holds q, k, v of its coordinates one after another.
             internal = np.zeros((3, ftype.dim), dtype=np.int64)
             pos = 0
-            for i, rho, c, _ in ftype.blocks():
+            for i, rho, _c, _ in ftype.blocks():
                 coords = ftype.block_coords(i)  # [C, d]
                 slabs = [coords[:, a] for a in range(rho.dim)] if rho.type == "real" else [coords.T.reshape(-1)]
                 for slab in slabs:
@@ -275,12 +275,11 @@ class IrrepAttention(nn.Module):
         num_prefix_tokens: int = 0,
     ) -> torch.Tensor:
         """The ``components``-layout attention with given stacked q/k/v slab matrices and projection."""
-        q = self._modules["q"]
-        qkv = schur_apply(x, q._in_sizes, self._qkv_terms, qkv_mats, qkv_biases)
-        qkv = qkv.index_select(-1, self._buffers["qkv_index"])  # heads side by side in q, k and v
-        qkv = self.rotary(qkv, rope, num_prefix_tokens)
-        heads = attend_heads(qkv, self._groups, self.sdpa)
-        return proj(heads.index_select(-1, self._buffers["out_index"]))
+        buffers = self._buffers
+        return schur_attend(
+            x, self._modules["q"]._in_sizes, self._qkv_terms, qkv_mats, qkv_biases, buffers["qkv_index"],
+            buffers["out_index"], self.rotary, self._groups, self.sdpa, proj, rope, num_prefix_tokens,
+        )  # fmt: skip
 
     def attend(
         self,
@@ -296,6 +295,29 @@ class IrrepAttention(nn.Module):
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
         qkv = self.rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
         return F.linear(attend_heads(qkv, self._groups, self.sdpa), proj_w, proj_b)
+
+
+def schur_attend(
+    x: torch.Tensor,
+    in_sizes: list[int],
+    terms: list,
+    mats: list,
+    biases: list,
+    qkv_index: torch.Tensor,
+    out_index: torch.Tensor,
+    rotary: nn.Module,
+    groups: Sequence[tuple[int, int, int]],
+    sdpa: nn.Module,
+    proj: nn.Module,
+    rope=None,
+    num_prefix_tokens: int = 0,
+) -> torch.Tensor:
+    """``x [B, N, dim] -> [B, N, dim]`` in the ``components`` layout: stacked q/k/v Schur slabs, one
+    ``index_select`` to heads side by side, the heads, one back to storage order, the projection
+    (the training layer and its frozen form share it)."""
+    qkv = schur_apply(x, in_sizes, terms, mats, biases).index_select(-1, qkv_index)
+    qkv = rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
+    return proj(attend_heads(qkv, groups, sdpa).index_select(-1, out_index))
 
 
 def _stacked_terms(terms: list) -> list:

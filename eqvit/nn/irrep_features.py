@@ -232,7 +232,7 @@ class FeatureType:
             out = np.einsum("gab,cd->gacbd", out, np.eye(self.channels)).reshape(G.order, self.dim, self.dim)
         else:
             out = np.zeros((G.order, self.dim, self.dim))
-            for i, rho, c, _ in self.blocks():
+            for i, rho, _c, _ in self.blocks():
                 idx = self.block_coords(i)  # [C, d]: copy k's components
                 out[:, idx[:, :, None], idx[:, None, :]] = rho.matrices[:, None]
         out.setflags(write=False)

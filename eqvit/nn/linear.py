@@ -88,7 +88,6 @@ class IrrepLinear(ExactBuffers):
         self._blocks: list[tuple[int, slice, slice, int, int, int]] = []
         in_blocks = {i: (c, sl) for i, _, c, sl in in_type.blocks()}
         self._coords = []  # (out coords [C'', d], in coords [C', d]) per parameter block
-        # W[r, c] = sum_k theta[index[k, r, c]] * coef[k, r, c] with theta the flat parameters.
         endo = []
         for i, rho, c_out, out_sl in out_type.blocks():
             if i not in in_blocks:
@@ -104,20 +103,12 @@ class IrrepLinear(ExactBuffers):
             self._blocks.append((len(self._blocks), out_sl, in_sl, c_out, c_in, rho.dim))
             self._coords.append((out_type.block_coords(i), in_type.block_coords(i)))
             endo.append(basis)
-        K = max((len(L) for L in endo), default=1)
-        index = np.zeros((K, out_type.dim, in_type.dim), dtype=np.int64)
-        coef = np.zeros((K, out_type.dim, in_type.dim))
-        start = 0
-        for (_, _, _, c_out, c_in, d), L, (oc, ic) in zip(self._blocks, endo, self._coords):
-            k = len(L)
-            flat = start + np.arange(k * c_out * c_in).reshape(k, c_out, c_in)  # theta index of w[k, o, i]
-            # Entry (component a of out copy o, component b of in copy i) is sum_k w[k, o, i] L[k, a, b].
-            rows, cols = oc[:, :, None, None], ic[None, None, :, :]
-            index[:k, rows, cols] = flat[:, :, None, :, None]
-            coef[:k, rows, cols] = L[:, None, :, None, :]
-            start += flat.size
-        self.register_buffer("_gather_index", torch.from_numpy(index), persistent=False)
-        self.register_exact_buffer("_gather_coef", torch.from_numpy(coef))
+        # Schur layers assemble their (rarely needed) dense matrix block by block: a gather table of
+        # ``out.dim x in.dim`` entries per layer would take gigabytes at ViT-B widths.
+        self.schur = in_type.layout == out_type.layout == "components"
+        self._dense_impl = _blockwise_dense if self.schur else _gathered_dense
+        if not self.schur:
+            self._register_gather(endo)
         triv = [(c, sl) for i, rho, c, sl in out_type.blocks() if rho.is_trivial]
         if bias and triv:
             self.bias = nn.Parameter(torch.zeros(triv[0][0]))
@@ -131,7 +122,6 @@ class IrrepLinear(ExactBuffers):
             self._bias_slice = None
         # The Schur plan of the "components" layout: output slabs, their input slab, and which
         # parameter block (and component) builds their matrix.
-        self.schur = in_type.layout == out_type.layout == "components"
         self._impl = _schur_forward if self.schur else _dense_forward
         if self.schur:
             self._in_sizes, first = _slab_sizes(in_type)
@@ -148,6 +138,23 @@ class IrrepLinear(ExactBuffers):
             self._bias_term = next(
                 (t for t, (i, rho, _, _) in enumerate(self._out_slab_irreps()) if rho.is_trivial), None
             )
+
+    def _register_gather(self, endo: list[np.ndarray]) -> None:
+        """The table of :meth:`_gathered_weight`: ``W[r, c] = sum_k theta[index[k, r, c]] * coef[k, r, c]``."""
+        K = max((len(L) for L in endo), default=1)
+        index = np.zeros((K, self.out_type.dim, self.in_type.dim), dtype=np.int64)
+        coef = np.zeros((K, self.out_type.dim, self.in_type.dim))
+        start = 0
+        for (_, _, _, c_out, c_in, _d), L, (oc, ic) in zip(self._blocks, endo, self._coords):
+            k = len(L)
+            flat = start + np.arange(k * c_out * c_in).reshape(k, c_out, c_in)  # theta index of w[k, o, i]
+            # Entry (component a of out copy o, component b of in copy i) is sum_k w[k, o, i] L[k, a, b].
+            rows, cols = oc[:, :, None, None], ic[None, None, :, :]
+            index[:k, rows, cols] = flat[:, :, None, :, None]
+            coef[:k, rows, cols] = L[:, None, :, None, :]
+            start += flat.size
+        self.register_buffer("_gather_index", torch.from_numpy(index), persistent=False)
+        self.register_exact_buffer("_gather_coef", torch.from_numpy(coef))
 
     @staticmethod
     def _irrep_of_blocks(in_type: FeatureType, out_type: FeatureType) -> list[tuple[int]]:
@@ -189,6 +196,9 @@ class IrrepLinear(ExactBuffers):
         return out
 
     def _dense_weight(self) -> torch.Tensor:
+        return self._dense_impl(self)
+
+    def _gathered_weight(self) -> torch.Tensor:
         coef = self._gather_coef
         if not len(self.weights):
             return coef.new_zeros(self.out_type.dim, self.in_type.dim)
@@ -296,3 +306,11 @@ def _dense_forward(m: IrrepLinear, x: torch.Tensor) -> torch.Tensor:
 
 def _schur_forward(m: IrrepLinear, x: torch.Tensor) -> torch.Tensor:
     return schur_apply(x, m._in_sizes, m._terms, m.schur_mats(), m.schur_biases())
+
+
+def _gathered_dense(m: IrrepLinear) -> torch.Tensor:
+    return m._gathered_weight()
+
+
+def _blockwise_dense(m: IrrepLinear) -> torch.Tensor:
+    return m.weight_matrix_reference()
