@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
-from eqvit.models import is_model
 from eqvit.groups import get_group
+from eqvit.models import is_model
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads
 from eqvit.nn.irrep_blocks import IrrepMlp
