@@ -14,7 +14,7 @@ import eqvit
 from eqvit.groups import get_group
 from eqvit.models import is_model
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
-from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads
+from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads, irrepwise_heads
 from eqvit.nn.irrep_blocks import IrrepMlp
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear, schur_apply
@@ -126,6 +126,10 @@ def test_schur_attention_and_mlp_match_the_dense_forms(group):
     x = torch.randn(2, 5, V.dim)
     torch.testing.assert_close(attn(x), attn.attend(x, *attn.fused_weights()))
     assert_equivariant(attn)
+    gathered = IrrepAttention(V, irrepwise_heads(V, 2))  # heads laid out by index_select
+    assert gathered.schur and gathered._slab_heads is None and attn._slab_heads is not None
+    torch.testing.assert_close(gathered(x), gathered.attend(x, *gathered.fused_weights()))
+    assert_equivariant(gathered)
     hidden, basis, _ = homogeneous_fourier_basis(G, [("regular", 8)], layout="components")
     mlp = IrrepMlp(V, FourierActivation(hidden, basis))
     assert mlp.schur

@@ -59,6 +59,10 @@ class FrozenSchurLinear(nn.Module):
         _register_list(self, "mat", lin.schur_mats())
         _register_list(self, "bias", lin.schur_biases())
 
+    def apply_to_slabs(self, slabs) -> torch.Tensor:
+        """The forward on an input already cut into its slabs."""
+        return self(slabs)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return schur_apply(x, self.sizes, self.terms, _read_list(self, "mat"), _read_list(self, "bias"))
 
@@ -78,6 +82,7 @@ class FrozenSchurAttention(nn.Module):
         self.register_buffer("out_index", attn.out_index.clone(), persistent=False)
         self.sdpa = ScaledDotProductAttention(0.0, attn.fused)
         self.rotary = attn.rotary
+        self.slab_heads = attn._slab_heads
         self.proj = FrozenSchurLinear(attn.proj)
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
@@ -85,6 +90,7 @@ class FrozenSchurAttention(nn.Module):
         return schur_attend(
             x, self.sizes, self.terms, _read_list(self, "mat"), _read_list(self, "bias"), self.qkv_index,
             self.out_index, self.rotary, self.groups, self.sdpa, self.proj, rope, num_prefix_tokens,
+            self.slab_heads,
         )  # fmt: skip
 
 

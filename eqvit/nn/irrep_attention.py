@@ -35,7 +35,7 @@ from torch import nn
 
 from eqvit.nn.basis import FrameRotary, HeadBasis, IdentityBasis, NoRotary, permutation_matrix
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import IrrepLinear, schur_apply
+from eqvit.nn.linear import IrrepLinear, schur_apply, schur_slabs
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 ATTENTION_LAYOUTS = ("coupled", "irrepwise", "frames")
@@ -220,6 +220,17 @@ class IrrepAttention(nn.Module):
                         pos += len(slab)
             self.register_buffer("qkv_index", torch.from_numpy(internal[:, perm].reshape(-1)), persistent=False)
             self.register_buffer("out_index", torch.from_numpy(np.argsort(perm)), persistent=False)
+            # Coupled heads (every head the same chunk of copies of every slab): the heads are laid
+            # side by side by reshapes and one cat, no gather (index_select on the last axis is slow).
+            h = len(self.heads)
+            coupled = len(self._groups) == 1 and all(c % h == 0 for _, _, c, _ in ftype.blocks())
+            coupled = coupled and all(np.array_equal(a, b) for a, b in zip(self.heads, coupled_heads(ftype, h)))
+            # (components d_t, copies per head c_t) of every q/k/v output slab: d_t = 1 for real type.
+            self._slab_heads = (
+                [(1 if rho.type == "real" else rho.dim, c // h) for i, rho, c, _ in self.q._out_slab_irreps()]
+                if coupled
+                else None
+            )
 
     def extra_repr(self) -> str:
         sizes = [len(h) for h in self.heads]
@@ -279,6 +290,7 @@ class IrrepAttention(nn.Module):
         return schur_attend(
             x, self._modules["q"]._in_sizes, self._qkv_terms, qkv_mats, qkv_biases, buffers["qkv_index"],
             buffers["out_index"], self.rotary, self._groups, self.sdpa, proj, rope, num_prefix_tokens,
+            self._slab_heads,
         )  # fmt: skip
 
     def attend(
@@ -311,13 +323,26 @@ def schur_attend(
     proj: nn.Module,
     rope=None,
     num_prefix_tokens: int = 0,
+    slab_heads: list[tuple[int, int]] | None = None,
 ) -> torch.Tensor:
-    """``x [B, N, dim] -> [B, N, dim]`` in the ``components`` layout: stacked q/k/v Schur slabs, one
-    ``index_select`` to heads side by side, the heads, one back to storage order, the projection
-    (the training layer and its frozen form share it)."""
-    qkv = schur_apply(x, in_sizes, terms, mats, biases).index_select(-1, qkv_index)
-    qkv = rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
-    return proj(attend_heads(qkv, groups, sdpa).index_select(-1, out_index))
+    """``x [B, N, dim] -> [B, N, dim]`` in the ``components`` layout: stacked q/k/v Schur slabs, the
+    heads side by side, the heads, back to storage order, the projection (the training layer and its
+    frozen form share it). With coupled heads (``slab_heads``: ``(d_t, c_t)`` per slab) the heads are
+    laid out by reshapes and one ``cat`` each way; otherwise by ``index_select`` with ``qkv_index`` /
+    ``out_index``."""
+    if slab_heads is None:
+        qkv = schur_apply(x, in_sizes, terms, mats, biases).index_select(-1, qkv_index)
+        qkv = rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
+        return proj(attend_heads(qkv, groups, sdpa).index_select(-1, out_index))
+    _, h, size = groups[0]
+    # Slab t holds (q|k|v, component, copy): [..., 3, d, h, c] -> heads [..., 3, h, d c].
+    slabs = schur_slabs(x, in_sizes, terms, mats, biases)
+    pieces = [s.unflatten(-1, (3, d, h, c)).transpose(-3, -2).flatten(-2) for s, (d, c) in zip(slabs, slab_heads)]
+    qkv = rotary(torch.cat(pieces, dim=-1).flatten(-3), rope, num_prefix_tokens)
+    heads = attend_heads(qkv, groups, sdpa).unflatten(-1, (h, size))
+    parts = heads.split([d * c for d, c in slab_heads], dim=-1)
+    # Back to storage: [..., h, d, c] -> [..., d, h c], the projection's input slabs.
+    return proj.apply_to_slabs([p.unflatten(-1, dc).transpose(-3, -2).flatten(-3) for p, dc in zip(parts, slab_heads)])
 
 
 def _stacked_terms(terms: list) -> list:

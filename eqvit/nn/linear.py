@@ -22,6 +22,7 @@ Two forwards, chosen at construction from the feature types' layouts:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -35,8 +36,27 @@ SchurTerm = tuple[int, int]
 """``(input slab index or -1 for a zero output, output width)`` of one output slab of :func:`schur_apply`."""
 
 
+def schur_slabs(
+    x: torch.Tensor | Sequence[torch.Tensor],
+    sizes: list[int],
+    terms: list[SchurTerm],
+    mats: list[torch.Tensor | None],
+    biases: list[torch.Tensor | None],
+) -> list[torch.Tensor]:
+    """The output slabs of :func:`schur_apply` as a list (``x`` may come already cut into its slabs)."""
+    if isinstance(x, torch.Tensor):
+        slabs = x.split(sizes, dim=-1) if len(sizes) > 1 else (x,)
+    else:
+        slabs = x
+    ref = slabs[0]
+    return [
+        F.linear(slabs[s], w, b) if s >= 0 else ref.new_zeros(*ref.shape[:-1], width)
+        for (s, width), w, b in zip(terms, mats, biases)
+    ]
+
+
 def schur_apply(
-    x: torch.Tensor,
+    x: torch.Tensor | Sequence[torch.Tensor],
     sizes: list[int],
     terms: list[SchurTerm],
     mats: list[torch.Tensor | None],
@@ -48,11 +68,7 @@ def schur_apply(
     The one block-matmul kernel of the Schur linears: :class:`IrrepLinear`, the stacked q/k/v of
     :class:`~eqvit.nn.irrep_attention.IrrepAttention` and their frozen forms in :mod:`eqvit.nn.fused`.
     """
-    slabs = x.split(sizes, dim=-1) if len(sizes) > 1 else (x,)
-    outs = [
-        F.linear(slabs[s], w, b) if s >= 0 else x.new_zeros(*x.shape[:-1], width)
-        for (s, width), w, b in zip(terms, mats, biases)
-    ]
+    outs = schur_slabs(x, sizes, terms, mats, biases)
     return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
@@ -263,6 +279,10 @@ class IrrepLinear(ExactBuffers):
             bias = self._dense_bias()[out_sl] if self.bias is not None and out_sl == self._bias_slice else None
             parts.append(F.linear(x[..., in_sl], self.block_weight(n), bias))
         return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+    def apply_to_slabs(self, slabs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The Schur forward on an input already cut into its slabs (``components`` layouts)."""
+        return schur_apply(slabs, self._in_sizes, self._terms, self.schur_mats(), self.schur_biases())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in.dim] -> [..., out.dim]``: block matmuls (``components`` layouts) or one ``F.linear``."""
