@@ -104,6 +104,7 @@ class IrrepLinear(ExactBuffers):
         self._blocks: list[tuple[int, slice, slice, int, int, int]] = []
         in_blocks = {i: (c, sl) for i, _, c, sl in in_type.blocks()}
         self._coords = []  # (out coords [C'', d], in coords [C', d]) per parameter block
+        self._block_irreps: list[int] = []  # irrep index of each parameter block
         endo = []
         for i, rho, c_out, out_sl in out_type.blocks():
             if i not in in_blocks:
@@ -118,6 +119,7 @@ class IrrepLinear(ExactBuffers):
             self.weights.append(w)
             self._blocks.append((len(self._blocks), out_sl, in_sl, c_out, c_in, rho.dim))
             self._coords.append((out_type.block_coords(i), in_type.block_coords(i)))
+            self._block_irreps.append(i)
             endo.append(basis)
         # Schur layers assemble their (rarely needed) dense matrix block by block: a gather table of
         # ``out.dim x in.dim`` entries per layer would take gigabytes at ViT-B widths.
@@ -141,7 +143,7 @@ class IrrepLinear(ExactBuffers):
         self._impl = _schur_forward if self.schur else _dense_forward
         if self.schur:
             self._in_sizes, first = _slab_sizes(in_type)
-            by_irrep = {i: n for n, (i, *_rest) in enumerate(self._irrep_of_blocks(in_type, out_type))}
+            by_irrep = {i: n for n, i in enumerate(self._block_irreps)}
             self._terms: list[SchurTerm] = []
             self._term_blocks: list[int] = []  # parameter block per output slab (-1: zeros)
             for i, rho, c, _ in out_type.blocks():
@@ -171,11 +173,6 @@ class IrrepLinear(ExactBuffers):
             start += flat.size
         self.register_buffer("_gather_index", torch.from_numpy(index), persistent=False)
         self.register_exact_buffer("_gather_coef", torch.from_numpy(coef))
-
-    @staticmethod
-    def _irrep_of_blocks(in_type: FeatureType, out_type: FeatureType) -> list[tuple[int]]:
-        present = {i for i, *_ in in_type.blocks()}
-        return [(i,) for i, *_ in out_type.blocks() if i in present]
 
     def _out_slab_irreps(self) -> list[tuple]:
         """The output slabs' ``(irrep index, irrep, C'', slice)`` (one per component for real type)."""
