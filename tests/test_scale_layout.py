@@ -157,7 +157,7 @@ def test_scale_model_config_and_schur_layout():
     model = eqvit.create_model("o2vit_d4_small_patch16_224")
     cfg = model.pretrained_cfg
     assert cfg["input_size"] == (3, 224, 224) and cfg["num_classes"] == 1000
-    assert tuple(cfg["mean"]) == (0.485, 0.456, 0.406)
+    assert tuple(cfg["mean"]) == tuple(cfg["std"]) == (0.5,) * 3
     assert model.embed_dim == 384 and len(model.blocks) == 12
     block = model.blocks[0]
     assert block.attn.schur and block.mlp.schur and block.mlp.act.strided

@@ -20,7 +20,8 @@ widths: ``platonic_d4_small_patch16_224`` (384 = 8 frames x 48 channels, 6 heads
 
 Every entry point has a ``*_tiny`` twin (``<family>_tiny`` with the same group, grid and layout at
 test size) so that the generic registry tests run each family. ``pretrained_cfg`` carries timm's
-ImageNet fields (input size, ImageNet mean and std, 1000 classes); eqvit has no pretrained weights.
+fields (input size, mean and std, 1000 classes) with eqvit's image convention (data in [-1, 1], mean
+= std = 0.5 per channel, so ``in_chans`` may change); eqvit has no pretrained weights.
 """
 
 from __future__ import annotations
@@ -32,27 +33,17 @@ from eqvit.models import platonic as _platonic
 from eqvit.models._registry import register_model
 from eqvit.models.vit import EquivariantViT
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-# Regularisation off by default, like timm's ViT-S/B entry points (set it when training).
 _NO_DROP = dict(attn_drop_rate=0.0, drop_path_rate=0.0, drop_rate=0.0)
 
 
-def _imagenet(kwargs: dict[str, Any], image: bool = True) -> dict[str, Any]:
-    """``kwargs`` with timm's ImageNet normalisation put under any ``pretrained_cfg_overlay`` the caller gave."""
-    overlay = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9, interpolation="bicubic") if image else {}
-    overlay.update(kwargs.get("pretrained_cfg_overlay") or {})
-    return dict(kwargs, pretrained_cfg_overlay=overlay)
-
-
-def _o2(variant: str, model_args: dict[str, Any], kwargs: dict[str, Any], image: bool = True) -> EquivariantViT:
+def _o2(variant: str, model_args: dict[str, Any], kwargs: dict[str, Any]) -> EquivariantViT:
     args = dict(dict(layout="components", head_drop_rate=0.0, **_NO_DROP), **model_args)
-    return _o2vit._create(variant, **_imagenet(dict(args, **kwargs), image))
+    return _o2vit._create(variant, **dict(args, **kwargs))
 
 
 def _plat(variant: str, model_args: dict[str, Any], kwargs: dict[str, Any]) -> EquivariantViT:
     args = dict(dict(kind="image", group="D4", in_chans=3, **_NO_DROP), **model_args)
-    return _platonic._create(variant, **_imagenet(dict(args, **kwargs)))
+    return _platonic._create(variant, **dict(args, **kwargs))
 
 
 _D4_S = dict(group="D4", img_size=224, patch_size=16, embed_dim=384, num_heads=6, depth=12, mlp_ratio=4.0)
@@ -106,7 +97,7 @@ def o2vit_d6_small_hex(pretrained: bool = False, **kwargs: Any) -> EquivariantVi
     args = dict(
         grid="hex", group="D6", n_patch_side=9, n_pixel_side=9, embed_dim=384, num_heads=8, depth=12, mlp_ratio=4.0
     )
-    return _o2("o2vit_d6_small_hex", dict(args, num_classes=1000), dict(pretrained=pretrained, **kwargs), False)
+    return _o2("o2vit_d6_small_hex", dict(args, num_classes=1000), dict(pretrained=pretrained, **kwargs))
 
 
 @register_model
@@ -114,7 +105,7 @@ def o2vit_d6_small_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantV
     """Test twin of ``o2vit_d6_small_hex``: 7 hexagonal patches of 37 pixels, width 48, depth 2."""
     args = dict(grid="hex", group="D6", n_patch_side=2, n_pixel_side=4, embed_dim=48, num_heads=2, depth=2)
     args = dict(args, num_classes=5, mlp_ratio=2.0)
-    return _o2("o2vit_d6_small_tiny", args, dict(pretrained=pretrained, **kwargs), False)
+    return _o2("o2vit_d6_small_tiny", args, dict(pretrained=pretrained, **kwargs))
 
 
 _PLAT_S = dict(img_size=224, patch_size=16, embed_dim=384, num_heads=6, depth=12, mlp_ratio=4.0, num_classes=1000)
