@@ -35,6 +35,8 @@ from eqvit.nn.fused import (
     FrozenLayerNorm,
     FrozenLinear,
     FrozenMlp,
+    FrozenSchurAttention,
+    FrozenSchurLinear,
     FrozenSquareLift,
     ReflectedFinalNorm,
     ReflectedIrrepBlock,
@@ -101,6 +103,8 @@ def _fuse_children(module: nn.Module) -> nn.Module:
 
 @register_fuser(IrrepLinear)
 def _irrep_linear(m: IrrepLinear) -> nn.Module:
+    if m.schur:  # block matmuls stay block matmuls
+        return FrozenSchurLinear(m)
     return FrozenLinear(*m.dense(), in_type=m.in_type, out_type=m.out_type)
 
 
@@ -116,11 +120,13 @@ def _irrep_norm(m: IrrepLayerNorm) -> nn.Module:
 
 @register_fuser(IrrepAttention)
 def _irrep_attention(m: IrrepAttention) -> nn.Module:
-    return FrozenIrrepAttention(m)
+    return FrozenSchurAttention(m) if m.schur else FrozenIrrepAttention(m)
 
 
 @register_fuser(IrrepMlp)
 def _irrep_mlp(m: IrrepMlp) -> nn.Module:
+    if m.schur:  # the Fourier transforms stay per-token around the GELU; the linears are frozen
+        return _fuse_children(m)
     w1, b1, w2, b2 = m.folded_weights()
     return FrozenMlp(w1, b1, m.act.act, w2, b2, in_type=m.in_type)
 
@@ -206,6 +212,8 @@ def _reflected_stream_applies(model: nn.Module) -> bool:
     irrep-wise attention and MLP, and whose tokens come from a planar tokenizer with an invariant APE."""
     norm = getattr(model, "norm", None)
     if not isinstance(norm, IrrepLayerNorm) or not isinstance(getattr(model, "tokenizer", None), PlanarTokenizer):
+        return False
+    if norm.ftype.layout != "copies":  # folding the reflection would densify the Schur linears
         return False
     if not isinstance(getattr(model, "posenc", None), InvariantAPE):
         return False

@@ -9,7 +9,7 @@ from randomise import randomise_
 from test_models import TEST_MODELS, build, call, random_input
 
 import eqvit
-from eqvit.nn.fused import ReflectedIrrepBlock
+from eqvit.nn.fused import FrozenSchurAttention, ReflectedIrrepBlock
 from eqvit.testing import EquivarianceError, assert_equivariant
 
 
@@ -31,8 +31,10 @@ def test_fuse_computes_the_same_function(name):
     assert (got - expected).abs().max() <= tolerance * expected.abs().max()
     assert not any(p.requires_grad for p in fused.parameters()) and not fused.training
     assert model.training is False and any(p.requires_grad for p in model.parameters())  # the original is kept
-    if name.startswith("o2vit_"):  # the irrep-wise ViTs run on the reflected stream
+    if name.startswith("o2vit_") and model.feature_type.layout == "copies":  # the reflected stream
         assert all(isinstance(block, ReflectedIrrepBlock) for block in fused.blocks)
+    elif name.startswith("o2vit_"):  # components layout: the Schur linears stay block matmuls
+        assert all(isinstance(block.attn, FrozenSchurAttention) for block in fused.blocks)
 
 
 @pytest.mark.parametrize("name", [n for n in TEST_MODELS if not n.startswith(("s2transformer", "vit_ape"))])

@@ -46,8 +46,8 @@ def _tiny(name: str) -> str:
 
 
 TEST_MODELS = sorted({_tiny(name) for name in eqvit.list_models()})
-IMAGE_MODELS = [n for n in TEST_MODELS if n.startswith(("o2vit_", "platonic_image_"))]
-SQUARE_MODELS = [n for n in IMAGE_MODELS if not n.startswith("o2vit_hex")]
+IMAGE_MODELS = [n for n in TEST_MODELS if n.startswith(("o2vit_", "platonic_image_", "platonic_d4_"))]
+SQUARE_MODELS = [n for n in IMAGE_MODELS if not n.startswith(("o2vit_hex", "o2vit_d6_"))]  # d6: hexagonal
 CLASSIFIERS = IMAGE_MODELS + [n for n in TEST_MODELS if n.startswith(("platonic_points_", "platonic_qm9_"))]
 DENSE_MODELS = [n for n in TEST_MODELS if n not in CLASSIFIERS]
 VIT_MODELS = [n for n in TEST_MODELS if not n.startswith("s2transformer_")]  # EquivariantViTs

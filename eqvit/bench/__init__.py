@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "platonic_head_fit": "training loss of the Platonic image classifiers per frame-pooling head",
     "platonic_pointcloud": "Platonic frames on point clouds: accuracy under random SO(3) test rotations",
     "platonic_speed": "Platonic Transformer forward time against a timm ViT of equal |G|·C width",
+    "scale_speed": "ViT-S/B: timm vs eqvit's Schur-layout D4 models vs octic-vits (time, FLOPs, training)",
     "so3vit_vs_s2transformer": "SO3ViT vs the S2Transformer baseline: time, training memory, parameters",
     "so3vit_sweep": "the SO(3)-RoPE seed's grid over depth, heads and width: error vs time per epoch",
     "swe_accuracy": "equal wall-clock accuracy on shallow water: SO3ViT, APE ablation, S2Transformer",

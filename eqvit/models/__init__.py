@@ -5,6 +5,7 @@ from eqvit.models import (
     molecules,  # noqa: F401
     o2vit,  # noqa: F401
     platonic,  # noqa: F401
+    scale,  # noqa: F401  (ViT-S/B-sized models, after the families they build on)
     so3vit,  # noqa: F401  (registers the SO3ViT family)
 )
 from eqvit.models._registry import create_model, is_model, list_models, register_model

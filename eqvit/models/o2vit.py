@@ -124,6 +124,7 @@ def build_o2vit(
     drop_path_rate: float = 0.05,
     head_drop_rate: float = 0.1,
     fused_attn: bool = True,
+    layout: str = "copies",
 ) -> EquivariantViT:
     """Build an O(2)-subgroup ViT.
 
@@ -147,6 +148,8 @@ def build_o2vit(
         mlp_ratio: the MLP G-set is ``mlp_ratio * regular_copies`` regular orbits unless
             ``mlp_spaces`` lists ``(subgroup, count)`` pairs, the subgroup named (``"C2"``, ``"D1"``,
             ``"D2[45deg]"``; see :func:`subgroup_names`), as element indices, ``"regular"`` or ``"trivial"``.
+        layout: token and MLP feature storage, ``"copies"`` or ``"components"`` (Schur block matmuls,
+            :mod:`eqvit.nn.irrep_features`; the ViT-scale models of :mod:`eqvit.models.scale`).
     """
     config = dict(locals())
     check_model_args(config)
@@ -160,7 +163,7 @@ def build_o2vit(
         raise unknown_name_error("attention layout", attention, ATTENTION_LAYOUTS)
     G = o2_group(grid, group)
     if multiplicities is not None:
-        ftype = FeatureType(G, multiplicities)
+        ftype = FeatureType(G, multiplicities, layout=layout)
         copies = ftype.dim / G.order
         if embed_dim is not None and embed_dim != ftype.dim:
             raise ValueError(f"embed_dim {embed_dim} does not match the feature type {ftype}")
@@ -174,7 +177,7 @@ def build_o2vit(
             regular_copies = embed_dim // G.order
         elif regular_copies is None:
             regular_copies = num_heads
-        ftype = FeatureType.regular(G, regular_copies)
+        ftype = FeatureType.regular(G, regular_copies, layout=layout)
         copies = regular_copies
     if irrep_heads is not None and attention != "irrepwise":
         raise ValueError(f"irrep_heads needs attention='irrepwise', got attention={attention!r}")
@@ -191,7 +194,9 @@ def build_o2vit(
         per_head = channels // num_heads
         aligned = channels % num_heads == 0 and per_head % 2 == 0
         frame_rope = (num_heads, per_head) if aligned else (1, 2 * (channels // 2))
-    act_type, act_basis, _ = homogeneous_fourier_basis(G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies))
+    act_type, act_basis, _ = homogeneous_fourier_basis(
+        G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies), layout=layout
+    )
 
     if grid == "square":
         tokenizer = SquarePatchTokenizer(G, img_size, patch_size, in_chans, ftype)

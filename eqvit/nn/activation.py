@@ -33,9 +33,14 @@ def _subgroup_indices(group: FiniteGroup, spec) -> np.ndarray:
 
 
 def homogeneous_fourier_basis(
-    group: FiniteGroup, spaces: Sequence[SpaceSpec]
+    group: FiniteGroup, spaces: Sequence[SpaceSpec], layout: str = "copies"
 ) -> tuple[FeatureType, np.ndarray, np.ndarray]:
     """The feature type of ``C(X, R)`` and its inverse Fourier transform.
+
+    With ``layout="copies"`` the copies of an irrep are numbered orbit by orbit; with
+    ``"components"`` slot-major (the k-th copy of rho in orbit p is copy ``k * P_rho + p``), so that for
+    ``n`` copies of one space the coefficients of orbit p sit at ``start + s * n + p`` (s the orbit's
+    coefficient index): the transform is one ``[|G/H|, |G/H|] @ [..., |G/H|, n]`` matmul, no gather.
 
     Returns:
         ``(ftype, basis, permutations)``: ``basis [|X|, ftype.dim]`` orthogonal with
@@ -60,16 +65,24 @@ def homogeneous_fourier_basis(
     for _, _, irreps in pieces:
         for rho in irreps:
             counts[names.index(rho.name)] += 1
-    ftype = FeatureType(group, counts)
-    basis = np.zeros((offset, ftype.dim))
-    next_copy = [0] * len(names)
-    for start, Q, irreps in pieces:
-        col = 0
+    ftype = FeatureType(group, counts, layout=layout)
+    # (slot k of irrep i in piece p) -> copy index: orbit by orbit, or slot-major for "components".
+    slots = [[] for _ in names]
+    for p, (_, _, irreps) in enumerate(pieces):
+        seen = [0] * len(names)
         for rho in irreps:
             i = names.index(rho.name)
-            first = int(ftype.offsets[i]) + next_copy[i] * rho.dim
-            basis[start : start + len(Q), first : first + rho.dim] = Q[:, col : col + rho.dim]
-            next_copy[i] += 1
+            slots[i].append((seen[i], p) if layout == "components" else (p, seen[i]))
+            seen[i] += 1
+    rank = [{key: n for n, key in enumerate(sorted(keys))} for keys in slots]
+    basis = np.zeros((offset, ftype.dim))
+    for p, (start, Q, irreps) in enumerate(pieces):
+        col, seen = 0, [0] * len(names)
+        for rho in irreps:
+            i = names.index(rho.name)
+            key = (seen[i], p) if layout == "components" else (p, seen[i])
+            basis[start : start + len(Q), ftype.block_coords(i)[rank[i][key]]] = Q[:, col : col + rho.dim]
+            seen[i] += 1
             col += rho.dim
     return ftype, basis, np.concatenate(perms, axis=1)
 
@@ -106,6 +119,17 @@ class FourierActivation(ExactBuffers):
             self._shared.append(bool(np.array_equal(blocks, np.broadcast_to(blocks[:1], blocks.shape))))
         # Coordinates orbit by orbit: an MLP folds this into its linear maps (no gathers).
         self.register_buffer("perm", torch.from_numpy(np.concatenate(order)), persistent=False)
+        # Strided: one shared block whose orbit n holds coordinates ``slab_j * n_orbits + n`` (the
+        # "components" layout of copies of one space): the transform is a matmul on ``[..., s, n]``.
+        strided = _strided_slabs(basis, self._sizes, self._shared, order)
+        self.strided = strided is not None
+        self._impl = _strided_forward if self.strided else _gather_forward
+        if self.strided:
+            block = self._exact_masters["blocks_0"].numpy()[0]  # values = block @ coefficients
+            inverse = np.zeros_like(block)
+            inverse[:, strided] = block  # columns by slab
+            self.register_exact_buffer("slab_inverse", torch.from_numpy(inverse))  # [s(x), s(slab)]
+            self.register_exact_buffer("slab_forward", torch.from_numpy(np.ascontiguousarray(inverse.T)))
 
     @classmethod
     def from_spaces(
@@ -175,16 +199,43 @@ class FourierActivation(ExactBuffers):
         return cat(ins, 0), None if b_in is None else cat(bs, 0), cat(outs, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(x)
-        for n in range(len(self._sizes)):
-            cols, blocks = getattr(self, f"cols_{n}"), getattr(self, f"blocks_{n}")
-            values = self.act(torch.einsum("...ni,nxi->...nx", x[..., cols], blocks))  # sigma on X
-            out[..., cols] = torch.einsum("...nx,nxi->...ni", values, blocks)
-        return out
+        """``x [..., dim] -> FT(sigma(FT^-1 x))``: small per-orbit transforms (a matmul on
+        ``[..., |X_s|, n]`` when :attr:`strided`, else gathered per orbit size)."""
+        return self._impl(self, x)
 
     def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
         """Reference: ``FT(sigma(FT^-1 x))`` with the dense basis."""
         return self.act(x @ self.basis.T) @ self.basis
+
+
+def _gather_forward(m: FourierActivation, x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    for n in range(len(m._sizes)):
+        cols, blocks = getattr(m, f"cols_{n}"), getattr(m, f"blocks_{n}")
+        values = m.act(torch.einsum("...ni,nxi->...nx", x[..., cols], blocks))  # sigma on X
+        out[..., cols] = torch.einsum("...nx,nxi->...ni", values, blocks)
+    return out
+
+
+def _strided_forward(m: FourierActivation, x: torch.Tensor) -> torch.Tensor:
+    buffers = m._buffers
+    slabs = x.unflatten(-1, (buffers["slab_inverse"].shape[1], -1))  # [..., s, n]: no copy
+    values = m.act(torch.matmul(buffers["slab_inverse"], slabs))  # sigma on X, [..., |X_s|, n]
+    return torch.matmul(buffers["slab_forward"], values).flatten(-2)
+
+
+def _strided_slabs(basis: np.ndarray, sizes: list, shared: list, order: list) -> np.ndarray | None:
+    """``slab [s]`` (coefficient j of every orbit n at ``slab[j] * n_orbits + n``) when the basis has one
+    shared block laid out that way, else None."""
+    if len(sizes) != 1 or not shared[0]:
+        return None
+    count, size = sizes[0]
+    cols = order[0].reshape(count, size)
+    slab, rest = np.divmod(cols[0], count)
+    consecutive = np.array_equal(cols, cols[:1] + np.arange(count)[:, None])
+    if np.any(rest) or sorted(slab) != list(range(size)) or not consecutive:
+        return None
+    return slab
 
 
 def _blocks_by_size(basis: np.ndarray, atol: float = 1e-12) -> list[tuple[np.ndarray, np.ndarray]]:

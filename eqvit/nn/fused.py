@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eqvit.nn.irrep_attention import attend_heads
+from eqvit.nn.irrep_attention import attend_heads, schur_attend
+from eqvit.nn.linear import schur_apply
 from eqvit.nn.norm import irrep_layer_norm
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import fourier_group_conv
@@ -45,6 +46,64 @@ class FrozenLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+class FrozenSchurLinear(nn.Module):
+    """:class:`~eqvit.nn.linear.IrrepLinear` in the ``components`` layout with its slab matrices fixed:
+    the same block matmuls (:func:`~eqvit.nn.linear.schur_apply`), ``[..., in.dim] -> [..., out.dim]``."""
+
+    def __init__(self, lin: nn.Module) -> None:
+        super().__init__()
+        self.in_type, self.out_type = lin.in_type, lin.out_type
+        self.sizes, self.terms = list(lin._in_sizes), list(lin._terms)
+        _register_list(self, "mat", lin.schur_mats())
+        _register_list(self, "bias", lin.schur_biases())
+
+    def apply_to_slabs(self, slabs) -> torch.Tensor:
+        """The forward on an input already cut into its slabs."""
+        return self(slabs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return schur_apply(x, self.sizes, self.terms, _read_list(self, "mat"), _read_list(self, "bias"))
+
+
+class FrozenSchurAttention(nn.Module):
+    """:class:`~eqvit.nn.irrep_attention.IrrepAttention` in the ``components`` layout with its stacked
+    q/k/v slab matrices and projection fixed (:func:`~eqvit.nn.irrep_attention.schur_attend`)."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.in_type = self.out_type = attn.ftype
+        mats, biases = attn.schur_qkv()
+        self.sizes, self.terms, self.groups = list(attn.q._in_sizes), list(attn._qkv_terms), list(attn._groups)
+        _register_list(self, "mat", mats)
+        _register_list(self, "bias", biases)
+        self.register_buffer("qkv_index", attn.qkv_index.clone(), persistent=False)
+        self.register_buffer("out_index", attn.out_index.clone(), persistent=False)
+        self.sdpa = ScaledDotProductAttention(0.0, attn.fused)
+        self.rotary = attn.rotary
+        self.slab_heads = attn._slab_heads
+        self.proj = FrozenSchurLinear(attn.proj)
+
+    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """``x [B, N, dim] -> [B, N, dim]``."""
+        return schur_attend(
+            x, self.sizes, self.terms, _read_list(self, "mat"), _read_list(self, "bias"), self.qkv_index,
+            self.out_index, self.rotary, self.groups, self.sdpa, self.proj, rope, num_prefix_tokens,
+            self.slab_heads,
+        )  # fmt: skip
+
+
+def _register_list(module: nn.Module, prefix: str, tensors: list) -> None:
+    module._list_sizes = getattr(module, "_list_sizes", {})
+    module._list_sizes[prefix] = len(tensors)
+    for n, t in enumerate(tensors):
+        module.register_buffer(f"{prefix}_{n}", _frozen(t))
+
+
+def _read_list(module: nn.Module, prefix: str) -> list:
+    buffers = module._buffers
+    return [buffers[f"{prefix}_{n}"] for n in range(module._list_sizes[prefix])]
 
 
 class FrozenFourierConv(nn.Module):

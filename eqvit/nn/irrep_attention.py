@@ -11,9 +11,17 @@ head layout is a list of coordinate index arrays. Two layouts of the seed:
   (here ``h`` heads per irrep, so ``h * #irreps`` heads in all).
 
 Heads of equal size go through one ``F.scaled_dot_product_attention`` call (one call for coupled,
-one per head size for irrep-wise); q/k/v and the output projection are :class:`IrrepLinear`,
-applied as one fused ``[3 dim, dim]`` qkv matrix (like timm) and one projection, with the head order
-folded into their rows/columns; these dense matrices are built on every call (eqvit.fuse fixes them).
+one per head size for irrep-wise); q/k/v and the output projection are :class:`IrrepLinear`. Two
+forwards, chosen at construction:
+
+* ``components`` layout (heads in the irrep basis): q, k and v are one Schur block matmul per slab
+  with the three weights stacked (:func:`~eqvit.nn.linear.schur_apply`), one ``index_select`` lays
+  the heads side by side, and one more puts the heads' outputs back in storage order for the
+  Schur projection: ``(12/64) x`` timm's multiply-adds for D4 regular features.
+* otherwise one fused dense ``[3 dim, dim]`` qkv matrix (like timm) and one projection, the head
+  order folded into their rows/columns; these dense matrices are built on every call.
+
+eqvit.fuse fixes the weights of either.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from torch import nn
 
 from eqvit.nn.basis import FrameRotary, HeadBasis, IdentityBasis, NoRotary, permutation_matrix
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.linear import IrrepLinear, schur_apply, schur_slabs
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 ATTENTION_LAYOUTS = ("coupled", "irrepwise", "frames")
@@ -48,9 +56,9 @@ def coupled_heads(ftype: FeatureType, num_heads: int) -> list[np.ndarray]:
     heads = []
     for r in range(num_heads):
         idx = []
-        for _, rho, c, sl in ftype.blocks():
+        for i, _, c, _ in ftype.blocks():
             per = c // num_heads
-            idx.append(np.arange(sl.start + r * per * rho.dim, sl.start + (r + 1) * per * rho.dim))
+            idx.append(np.sort(ftype.block_coords(i)[r * per : (r + 1) * per].reshape(-1)))  # storage order
         heads.append(np.concatenate(idx))
     return heads
 
@@ -98,10 +106,11 @@ def irrepwise_heads(ftype: FeatureType, num_heads: int | Mapping[str, int]) -> l
         _check_divisible(ftype, num_heads, f"irrep-wise attention with {num_heads} heads per irrep")
         counts = {rho.name: num_heads for _, rho, _, _ in ftype.blocks()}
     heads = []
-    for _, rho, c, sl in ftype.blocks():
+    for i, rho, c, _ in ftype.blocks():
         h = counts[rho.name]
-        size = c // h * rho.dim
-        heads += [np.arange(sl.start + r * size, sl.start + (r + 1) * size) for r in range(h)]
+        per = c // h
+        coords = ftype.block_coords(i)  # [C_rho, d]: the coordinates of each copy, in the type's layout
+        heads += [np.sort(coords[r * per : (r + 1) * per].reshape(-1)) for r in range(h)]
     return heads
 
 
@@ -237,6 +246,33 @@ class IrrepAttention(nn.Module):
             T = np.eye(ftype.dim) if basis is None else np.asarray(basis)
             to_frames = permutation_matrix(perm) @ T.T @ frames.fourier.T
             self.rotary = FrameRotary(frames.group.order, frames.channels, to_frames, *frame_rope)
+        self.schur = basis is None and self.q.schur
+        self._impl = _schur_attention if self.schur else _dense_attention
+        if self.schur:
+            self._qkv_terms = _stacked_terms(self.q._terms)
+            # Stacked q/k/v slabs: output slab t holds q, k, v of its coordinates one after another.
+            internal = np.zeros((3, ftype.dim), dtype=np.int64)
+            pos = 0
+            for i, rho, _c, _ in ftype.blocks():
+                coords = ftype.block_coords(i)  # [C, d]
+                slabs = [coords[:, a] for a in range(rho.dim)] if rho.type == "real" else [coords.T.reshape(-1)]
+                for slab in slabs:
+                    for t in range(3):
+                        internal[t, slab] = pos + np.arange(len(slab))
+                        pos += len(slab)
+            self.register_buffer("qkv_index", torch.from_numpy(internal[:, perm].reshape(-1)), persistent=False)
+            self.register_buffer("out_index", torch.from_numpy(np.argsort(perm)), persistent=False)
+            # Coupled heads (every head the same chunk of copies of every slab): the heads are laid
+            # side by side by reshapes and one cat, no gather (index_select on the last axis is slow).
+            h = len(self.heads)
+            coupled = len(self._groups) == 1 and all(c % h == 0 for _, _, c, _ in ftype.blocks())
+            coupled = coupled and all(np.array_equal(a, b) for a, b in zip(self.heads, coupled_heads(ftype, h)))
+            # (components d_t, copies per head c_t) of every q/k/v output slab: d_t = 1 for real type.
+            self._slab_heads = (
+                [(1 if rho.type == "real" else rho.dim, c // h) for i, rho, c, _ in self.q._out_slab_irreps()]
+                if coupled
+                else None
+            )
 
     def extra_repr(self) -> str:
         sizes = [len(h) for h in self.heads]
@@ -263,9 +299,41 @@ class IrrepAttention(nn.Module):
             bias = bias[:, perm].reshape(3 * dim)
         return qkv, bias, dense[3][0][:, perm], dense[3][1]
 
+    def schur_qkv(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """``(matrices, biases)`` of the stacked q/k/v Schur slabs (``components`` layout)."""
+        mods = self._modules
+        mats = [m.schur_mats() for m in (mods["q"], mods["k"], mods["v"])]
+        biases = [m.schur_biases() for m in (mods["q"], mods["k"], mods["v"])]
+        stacked = [None if ws[0] is None else torch.cat(ws, dim=0) for ws in zip(*mats)]
+        bias = []
+        for bs, w in zip(zip(*biases), stacked):
+            if all(b is None for b in bs):
+                bias.append(None)
+            else:
+                width = w.shape[0] // 3
+                bias.append(torch.cat([w.new_zeros(width) if b is None else b for b in bs]))
+        return stacked, bias
+
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]``."""
-        return self.attend(x, *self.fused_weights(), rope=rope, num_prefix_tokens=num_prefix_tokens)
+        return self._impl(self, x, rope, num_prefix_tokens)
+
+    def attend_schur(
+        self,
+        x: torch.Tensor,
+        qkv_mats: list,
+        qkv_biases: list,
+        proj: nn.Module,
+        rope=None,
+        num_prefix_tokens: int = 0,
+    ) -> torch.Tensor:
+        """The ``components``-layout attention with given stacked q/k/v slab matrices and projection."""
+        buffers = self._buffers
+        return schur_attend(
+            x, self._modules["q"]._in_sizes, self._qkv_terms, qkv_mats, qkv_biases, buffers["qkv_index"],
+            buffers["out_index"], self.rotary, self._groups, self.sdpa, proj, rope, num_prefix_tokens,
+            self._slab_heads,
+        )  # fmt: skip
 
     def attend(
         self,
@@ -281,3 +349,51 @@ class IrrepAttention(nn.Module):
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
         qkv = self.rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
         return F.linear(attend_heads(qkv, self._groups, self.sdpa), proj_w, proj_b)
+
+
+def schur_attend(
+    x: torch.Tensor,
+    in_sizes: list[int],
+    terms: list,
+    mats: list,
+    biases: list,
+    qkv_index: torch.Tensor,
+    out_index: torch.Tensor,
+    rotary: nn.Module,
+    groups: Sequence[tuple[int, int, int]],
+    sdpa: nn.Module,
+    proj: nn.Module,
+    rope=None,
+    num_prefix_tokens: int = 0,
+    slab_heads: list[tuple[int, int]] | None = None,
+) -> torch.Tensor:
+    """``x [B, N, dim] -> [B, N, dim]`` in the ``components`` layout: stacked q/k/v Schur slabs, the
+    heads side by side, the heads, back to storage order, the projection (the training layer and its
+    frozen form share it). With coupled heads (``slab_heads``: ``(d_t, c_t)`` per slab) the heads are
+    laid out by reshapes and one ``cat`` each way; otherwise by ``index_select`` with ``qkv_index`` /
+    ``out_index``."""
+    if slab_heads is None:
+        qkv = schur_apply(x, in_sizes, terms, mats, biases).index_select(-1, qkv_index)
+        qkv = rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
+        return proj(attend_heads(qkv, groups, sdpa).index_select(-1, out_index))
+    _, h, size = groups[0]
+    # Slab t holds (q|k|v, component, copy): [..., 3, d, h, c] -> heads [..., 3, h, d c].
+    slabs = schur_slabs(x, in_sizes, terms, mats, biases)
+    pieces = [s.unflatten(-1, (3, d, h, c)).transpose(-3, -2).flatten(-2) for s, (d, c) in zip(slabs, slab_heads)]
+    qkv = rotary(torch.cat(pieces, dim=-1).flatten(-3), rope, num_prefix_tokens)
+    heads = attend_heads(qkv, groups, sdpa).unflatten(-1, (h, size))
+    parts = heads.split([d * c for d, c in slab_heads], dim=-1)
+    # Back to storage: [..., h, d, c] -> [..., d, h c], the projection's input slabs.
+    return proj.apply_to_slabs([p.unflatten(-1, dc).transpose(-3, -2).flatten(-3) for p, dc in zip(parts, slab_heads)])
+
+
+def _stacked_terms(terms: list) -> list:
+    return [(s, 3 * width) for s, width in terms]
+
+
+def _dense_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens: int) -> torch.Tensor:
+    return m.attend(x, *m.fused_weights(), rope=rope, num_prefix_tokens=num_prefix_tokens)
+
+
+def _schur_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens: int) -> torch.Tensor:
+    return m.attend_schur(x, *m.schur_qkv(), m._modules["proj"], rope, num_prefix_tokens)

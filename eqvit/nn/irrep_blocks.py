@@ -22,10 +22,13 @@ from eqvit.nn.norm import IrrepLayerNorm
 class IrrepMlp(nn.Module):
     """``l2 o FT sigma FT^-1 o l1`` with hidden features ``C(X, R)`` (Sec. 4.3.2).
 
-    The forward pass folds the Fourier transforms into the linear maps
-    (:meth:`FourierActivation.fold`): ``W1' = FT^-1 W1``, ``W2' = W2 FT``, so it is exactly a dense
-    MLP of hidden width |X| with the pointwise ``sigma`` (the shape of a timm ``Mlp``); the folded
-    weights are recomputed on every call (``eqvit.fuse`` freezes them for inference).
+    Two forwards, chosen at construction. With ``components``-layout types (Schur linears) it is
+    ``fc2(act(fc1(x)))``: block matmuls, and the transforms as one small ``[|X_s|, |X_s|]`` matmul per
+    token and orbit around the GELU (:class:`FourierActivation`), so the linears stay block-sparse.
+    Otherwise it folds the Fourier transforms into the linear maps (:meth:`FourierActivation.fold`):
+    ``W1' = FT^-1 W1``, ``W2' = W2 FT``, exactly a dense MLP of hidden width |X| with the pointwise
+    ``sigma`` (the shape of a timm ``Mlp``); the folded weights are recomputed on every call
+    (``eqvit.fuse`` freezes them for inference).
     """
 
     def __init__(self, ftype: FeatureType, activation: FourierActivation) -> None:
@@ -34,6 +37,8 @@ class IrrepMlp(nn.Module):
         self.fc1 = IrrepLinear(ftype, activation.ftype)
         self.act = activation
         self.fc2 = IrrepLinear(activation.ftype, ftype)
+        self.schur = self.fc1.schur and self.fc2.schur
+        self._impl = _schur_mlp if self.schur else _folded_mlp
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(W1' [|X|, dim], b1', W2' [dim, |X|], b2)`` of the dense MLP on values over X."""
@@ -47,11 +52,21 @@ class IrrepMlp(nn.Module):
         return F.linear(self.act.act(F.linear(x, w1, b1)), w2, b2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_with(x, *self.folded_weights())
+        """``x [..., dim] -> [..., dim]``."""
+        return self._impl(self, x)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """``fc2(FT sigma FT^-1 fc1(x))`` with the dense Fourier basis (eq. 10)."""
         return self.fc2(self.act.forward_dense(self.fc1(x)))
+
+
+def _folded_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
+    return m.forward_with(x, *m.folded_weights())
+
+
+def _schur_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
+    mods = m._modules
+    return mods["fc2"](mods["act"](mods["fc1"](x)))
 
 
 def irrep_block(

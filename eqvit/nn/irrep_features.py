@@ -5,9 +5,15 @@ live in:
 
 * ``basis="irrep"`` (O(2) seed, eq. 2): ``V = (+)_rho R^{C_rho} (x) V_rho`` stored irrep-wise. A
   token feature is one flat vector of length ``dim = sum_rho C_rho d_rho``: the irreps in the
-  group's order, and inside irrep rho its ``C_rho`` copies one after another, each copy holding its
-  ``d_rho`` components (so the rho block is a row-major ``[C_rho, d_rho]`` array). Group element g
-  acts by ``blockdiag_rho(I_{C_rho} (x) rho(g))``.
+  group's order, each irrep one contiguous block. Inside the rho block the ``layout`` decides:
+
+  - ``"copies"``: the ``C_rho`` copies one after another, each holding its ``d_rho`` components
+    (a row-major ``[C_rho, d_rho]`` array); g acts by ``blockdiag_rho(I_{C_rho} (x) rho(g))``.
+  - ``"components"``: component-major, a row-major ``[d_rho, C_rho]`` array (component a of every
+    copy side by side); g acts by ``blockdiag_rho(rho(g) (x) I_{C_rho})``. A Schur linear
+    ``w (x) I`` is then ``I (x) w``: one ``[C'', C']`` matmul per component on contiguous column
+    slabs, the Schur minimum of multiply-adds (:class:`~eqvit.nn.linear.IrrepLinear`), with no
+    gather or copy per layer; this is the layout the ViT-scale models use.
 * ``basis="frames"`` (Platonic seed, Sec. 3): ``C`` copies of the regular representation stored as
   functions on the frames, ``[..., |G| * C]`` frame-major (entry ``j * C + c`` is channel c seen
   from frame ``R_j``). g acts by ``(L_g f)(R_j) = f(R_{cayley[g^-1, j]})``, a permutation of frames.
@@ -30,6 +36,7 @@ import torch
 from eqvit.groups import FiniteGroup, Irrep
 
 BASES = ("irrep", "frames")
+LAYOUTS = ("copies", "components")
 
 
 class FeatureType:
@@ -41,13 +48,22 @@ class FeatureType:
             in ``group.irreps`` order.
         basis: ``"irrep"`` (irrep-wise storage) or ``"frames"`` (functions on G; only for multiples
             of the regular representation, use :meth:`frames`).
+        layout: order inside each irrep block of the irrep basis, ``"copies"`` (``[C_rho, d_rho]``)
+            or ``"components"`` (``[d_rho, C_rho]``); a frame-basis type keeps it for its irrep twin.
     """
 
     def __init__(
-        self, group: FiniteGroup, multiplicities: Mapping[str, int] | Sequence[int], basis: str = "irrep"
+        self,
+        group: FiniteGroup,
+        multiplicities: Mapping[str, int] | Sequence[int],
+        basis: str = "irrep",
+        layout: str = "copies",
     ) -> None:
         if basis not in BASES:
             raise ValueError(f"unknown basis {basis!r}; valid: {', '.join(BASES)}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+        self.layout = layout
         names = [rho.name for rho in group.irreps]
         if isinstance(multiplicities, Mapping):
             unknown = [k for k in multiplicities if k not in names]
@@ -77,19 +93,25 @@ class FeatureType:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def regular(cls, group: FiniteGroup, copies: int = 1) -> FeatureType:
+    def regular(cls, group: FiniteGroup, copies: int = 1, layout: str = "copies") -> FeatureType:
         """``copies`` copies of the regular representation: ``C_rho = copies * d_rho / type_factor``."""
-        return cls(group, [copies * rho.dim // rho.type_factor for rho in group.irreps])
+        return cls(group, [copies * rho.dim // rho.type_factor for rho in group.irreps], layout=layout)
 
     @classmethod
-    def frames(cls, group: FiniteGroup, channels: int) -> FeatureType:
+    def frames(cls, group: FiniteGroup, channels: int, layout: str = "copies") -> FeatureType:
         """``channels`` copies of the regular representation on the frames: ``[..., |G| * channels]``."""
-        return cls(group, [channels * rho.dim // rho.type_factor for rho in group.irreps], basis="frames")
+        return cls(
+            group, [channels * rho.dim // rho.type_factor for rho in group.irreps], basis="frames", layout=layout
+        )
 
     @classmethod
-    def trivial(cls, group: FiniteGroup, channels: int) -> FeatureType:
+    def trivial(cls, group: FiniteGroup, channels: int, layout: str = "copies") -> FeatureType:
         """``channels`` invariant scalars (logits, pooled features)."""
-        return cls(group, {group.irreps[0].name: channels})
+        return cls(group, {group.irreps[0].name: channels}, layout=layout)
+
+    def with_layout(self, layout: str) -> FeatureType:
+        """The same representation and basis with another :data:`LAYOUTS` order inside the irrep blocks."""
+        return self if layout == self.layout else FeatureType(self.group, self.multiplicities, self.basis, layout)
 
     @property
     def channels(self) -> int:
@@ -100,11 +122,13 @@ class FeatureType:
 
     def in_irrep_basis(self) -> FeatureType:
         """The same representation stored irrep-wise."""
-        return self if self.basis == "irrep" else FeatureType(self.group, self.multiplicities)
+        return self if self.basis == "irrep" else FeatureType(self.group, self.multiplicities, layout=self.layout)
 
     def in_frame_basis(self) -> FeatureType:
         """The same representation on the frames (ValueError unless it is a multiple of the regular one)."""
-        return self if self.basis == "frames" else FeatureType(self.group, self.multiplicities, basis="frames")
+        if self.basis == "frames":
+            return self
+        return FeatureType(self.group, self.multiplicities, basis="frames", layout=self.layout)
 
     def __deepcopy__(self, memo: dict) -> FeatureType:
         return self  # immutable, like its group
@@ -113,7 +137,8 @@ class FeatureType:
         if self.basis == "frames":
             return f"FeatureType({self.group.name}: {self.channels} x regular on frames; dim={self.dim})"
         parts = ", ".join(f"{rho.name}x{c}" for rho, c in zip(self.irreps, self.multiplicities) if c)
-        return f"FeatureType({self.group.name}: {parts}; dim={self.dim})"
+        layout = "" if self.layout == "copies" else ", components"
+        return f"FeatureType({self.group.name}: {parts}; dim={self.dim}{layout})"
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -121,13 +146,14 @@ class FeatureType:
             and other.group is self.group
             and other.multiplicities == self.multiplicities
             and other.basis == self.basis
+            and other.layout == self.layout
         )
 
     def __hash__(self) -> int:
-        return hash((id(self.group), tuple(self.multiplicities), self.basis))
+        return hash((id(self.group), tuple(self.multiplicities), self.basis, self.layout))
 
     def __mul__(self, n: int) -> FeatureType:
-        return FeatureType(self.group, [c * n for c in self.multiplicities], basis=self.basis)
+        return FeatureType(self.group, [c * n for c in self.multiplicities], basis=self.basis, layout=self.layout)
 
     __rmul__ = __mul__
 
@@ -136,7 +162,11 @@ class FeatureType:
             raise ValueError(f"cannot add feature types of {self.group.name} and {other.group.name}")
         if self.basis != "irrep" or other.basis != "irrep":
             raise ValueError("direct sums are taken in the irrep basis; convert with in_irrep_basis() first")
-        return FeatureType(self.group, [a + b for a, b in zip(self.multiplicities, other.multiplicities)])
+        if other.layout != self.layout:
+            raise ValueError(f"cannot add feature types of layouts {self.layout!r} and {other.layout!r}")
+        return FeatureType(
+            self.group, [a + b for a, b in zip(self.multiplicities, other.multiplicities)], layout=self.layout
+        )
 
     # ------------------------------------------------------------------ layout (irrep basis)
     def blocks(self) -> list[tuple[int, Irrep, int, slice]]:
@@ -147,15 +177,18 @@ class FeatureType:
             if c
         ]
 
+    def block_coords(self, i: int) -> np.ndarray:
+        """int64 ``[C_rho, d_rho]``: the coordinate of component a of copy c of irrep ``i`` (index in
+        ``group.irreps``), as the :attr:`layout` stores it."""
+        rho, c, start = self.irreps[i], self.multiplicities[i], int(self.offsets[i])
+        if self.layout == "copies":
+            return start + np.arange(c * rho.dim).reshape(c, rho.dim)
+        return start + np.arange(c * rho.dim).reshape(rho.dim, c).T
+
     @cached_property
     def copies(self) -> list[tuple[int, int, np.ndarray]]:
-        """``(irrep index, copy index, coordinate indices [d_rho])`` for every irrep copy, in storage order."""
-        out = []
-        for i, rho, c, sl in self.blocks():
-            for k in range(c):
-                start = sl.start + k * rho.dim
-                out.append((i, k, np.arange(start, start + rho.dim)))
-        return out
+        """``(irrep index, copy index, coordinate indices [d_rho])`` for every irrep copy, by irrep then copy."""
+        return [(i, k, coords) for i, _, c, _ in self.blocks() for k, coords in enumerate(self.block_coords(i))]
 
     @cached_property
     def copy_index(self) -> np.ndarray:
@@ -172,12 +205,18 @@ class FeatureType:
         return np.concatenate(idx) if idx else np.zeros(0, dtype=np.int64)
 
     def split(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """``x [..., dim]`` -> one ``[..., C_rho, d_rho]`` tensor per irrep with C_rho > 0."""
-        return [x[..., sl].unflatten(-1, (c, rho.dim)) for _, rho, c, sl in self.blocks()]
+        """``x [..., dim]`` -> one ``[..., C_rho, d_rho]`` tensor per irrep with C_rho > 0 (views)."""
+        if self.layout == "copies":
+            return [x[..., sl].unflatten(-1, (c, rho.dim)) for _, rho, c, sl in self.blocks()]
+        return [x[..., sl].unflatten(-1, (rho.dim, c)).transpose(-1, -2) for _, rho, c, sl in self.blocks()]
+
+    def flatten_copies(self, block: torch.Tensor) -> torch.Tensor:
+        """One irrep block ``[..., C_rho, d_rho]`` -> its ``[..., C_rho d_rho]`` coordinates in storage order."""
+        return (block.transpose(-1, -2) if self.layout == "components" else block).flatten(-2)
 
     def join(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Inverse of :meth:`split`."""
-        return torch.cat([p.flatten(-2) for p in parts], dim=-1)
+        """Inverse of :meth:`split`: ``[..., C_rho, d_rho]`` per irrep -> ``[..., dim]``."""
+        return torch.cat([self.flatten_copies(p) for p in parts], dim=-1)
 
     # ------------------------------------------------------------------ the representation
     @cached_property
@@ -193,10 +232,9 @@ class FeatureType:
             out = np.einsum("gab,cd->gacbd", out, np.eye(self.channels)).reshape(G.order, self.dim, self.dim)
         else:
             out = np.zeros((G.order, self.dim, self.dim))
-            for _i, rho, c, sl in self.blocks():
-                out[:, sl, sl] = np.einsum("ab,gde->gadbe", np.eye(c), rho.matrices).reshape(
-                    G.order, c * rho.dim, c * rho.dim
-                )
+            for i, rho, _c, _ in self.blocks():
+                idx = self.block_coords(i)  # [C, d]: copy k's components
+                out[:, idx[:, :, None], idx[:, None, :]] = rho.matrices[:, None]
         out.setflags(write=False)
         return out
 
@@ -250,9 +288,9 @@ def _regular_fourier(group: FiniteGroup, channels: int, irrep_type: FeatureType)
     for rho in space.representation.irreps:
         i = names.index(rho.name)
         m = rho.dim // rho.type_factor  # copies of rho in the regular representation
+        coords = irrep_type.block_coords(i)
         for c in range(channels):
-            first = int(irrep_type.offsets[i]) + (c * m + seen[i]) * rho.dim
-            out[:, c, first : first + rho.dim] = Q[:, col : col + rho.dim]
+            out[:, c, coords[c * m + seen[i]]] = Q[:, col : col + rho.dim]
         seen[i] += 1
         col += rho.dim
     return out.reshape(group.order * channels, irrep_type.dim)

@@ -4,13 +4,25 @@ By Schur's lemma ``Hom_G(V', V'') = (+)_rho Mat_{C''_rho x C'_rho}(R) (x) End_G(
 irrep only mixes channels (``w (x) I``), a complex-type irrep uses ``w1 (x) I + w2 (x) J``
 (quaternionic: four basis elements). A bias is allowed on the trivial irrep only.
 
-The dense matrix is assembled by one gather from the flat parameter vector (``W = sum_k
-theta[index_k] * coef_k``, ``k < dim End``) on every call; ``eqvit.fuse`` fixes it for inference.
+Two forwards, chosen at construction from the feature types' layouts:
+
+* both types in the ``"components"`` layout (:mod:`eqvit.nn.irrep_features`): block matmuls at the
+  Schur minimum. A real-type irrep's block ``w (x) I`` acts on the ``[d, C]`` component-major block as
+  one ``[C'', C']`` matmul per component slab (``sum_rho d_rho C''_rho C'_rho`` multiply-adds); a
+  complex or quaternionic block ``sum_k L_k (x) w_k`` is one ``[d C'', d C']`` matmul (its two- or
+  four-matrix form, ``d^2 C'' C'`` = ``type_factor * d * C'' C'``). The input is cut into slabs by one
+  ``split`` (views; its backward is one ``cat``) and the outputs joined by one ``cat``
+  (:func:`schur_apply`). For D4 regular features that is 12/64 of the dense multiply-adds.
+* otherwise one ``F.linear`` on the dense matrix, assembled by one gather from the flat parameter
+  vector (``W = sum_k theta[index_k] * coef_k``, ``k < dim End``) on every call.
+
+``eqvit.fuse`` fixes either for inference.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -19,6 +31,55 @@ from torch import nn
 
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
+
+SchurTerm = tuple[int, int]
+"""``(input slab index or -1 for a zero output, output width)`` of one output slab of :func:`schur_apply`."""
+
+
+def schur_slabs(
+    x: torch.Tensor | Sequence[torch.Tensor],
+    sizes: list[int],
+    terms: list[SchurTerm],
+    mats: list[torch.Tensor | None],
+    biases: list[torch.Tensor | None],
+) -> list[torch.Tensor]:
+    """The output slabs of :func:`schur_apply` as a list (``x`` may come already cut into its slabs)."""
+    if isinstance(x, torch.Tensor):
+        slabs = x.split(sizes, dim=-1) if len(sizes) > 1 else (x,)
+    else:
+        slabs = x
+    ref = slabs[0]
+    return [
+        F.linear(slabs[s], w, b) if s >= 0 else ref.new_zeros(*ref.shape[:-1], width)
+        for (s, width), w, b in zip(terms, mats, biases)
+    ]
+
+
+def schur_apply(
+    x: torch.Tensor | Sequence[torch.Tensor],
+    sizes: list[int],
+    terms: list[SchurTerm],
+    mats: list[torch.Tensor | None],
+    biases: list[torch.Tensor | None],
+) -> torch.Tensor:
+    """``x [..., sum(sizes)] -> [..., sum(widths)]``: output slab t is ``F.linear(slab_{terms[t][0]},
+    mats[t], biases[t])`` (or zeros of its width when the input slab is -1), the slabs side by side.
+
+    The one block-matmul kernel of the Schur linears: :class:`IrrepLinear`, the stacked q/k/v of
+    :class:`~eqvit.nn.irrep_attention.IrrepAttention` and their frozen forms in :mod:`eqvit.nn.fused`.
+    """
+    outs = schur_slabs(x, sizes, terms, mats, biases)
+    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+
+
+def _slab_sizes(ftype: FeatureType) -> tuple[list[int], dict[int, int]]:
+    """The ``components``-layout input slabs: one per component of a real-type irrep (``C_rho`` wide),
+    one per block otherwise (``d C_rho``). Returns ``(sizes, first slab of each irrep index)``."""
+    sizes, first = [], {}
+    for i, rho, c, _ in ftype.blocks():
+        first[i] = len(sizes)
+        sizes += [c] * rho.dim if rho.type == "real" else [c * rho.dim]
+    return sizes, first
 
 
 class IrrepLinear(ExactBuffers):
@@ -42,7 +103,8 @@ class IrrepLinear(ExactBuffers):
         self.weights = nn.ParameterList()
         self._blocks: list[tuple[int, slice, slice, int, int, int]] = []
         in_blocks = {i: (c, sl) for i, _, c, sl in in_type.blocks()}
-        # W[r, c] = sum_k theta[index[k, r, c]] * coef[k, r, c] with theta the flat parameters.
+        self._coords = []  # (out coords [C'', d], in coords [C', d]) per parameter block
+        self._block_irreps: list[int] = []  # irrep index of each parameter block
         endo = []
         for i, rho, c_out, out_sl in out_type.blocks():
             if i not in in_blocks:
@@ -56,24 +118,15 @@ class IrrepLinear(ExactBuffers):
             nn.init.uniform_(w, -bound, bound)
             self.weights.append(w)
             self._blocks.append((len(self._blocks), out_sl, in_sl, c_out, c_in, rho.dim))
+            self._coords.append((out_type.block_coords(i), in_type.block_coords(i)))
+            self._block_irreps.append(i)
             endo.append(basis)
-        K = max((len(L) for L in endo), default=1)
-        index = np.zeros((K, out_type.dim, in_type.dim), dtype=np.int64)
-        coef = np.zeros((K, out_type.dim, in_type.dim))
-        start = 0
-        for (_, out_sl, in_sl, c_out, c_in, d), L in zip(self._blocks, endo):
-            k = len(L)
-            flat = start + np.arange(k * c_out * c_in).reshape(k, c_out, c_in)  # theta index of w[k, o, i]
-            # Entry (o d + a, i d + b) of the block is sum_k w[k, o, i] L[k, a, b].
-            index[:k, out_sl, in_sl] = np.broadcast_to(flat[:, :, None, :, None], (k, c_out, d, c_in, d)).reshape(
-                k, c_out * d, c_in * d
-            )
-            coef[:k, out_sl, in_sl] = np.broadcast_to(L[:, None, :, None, :], (k, c_out, d, c_in, d)).reshape(
-                k, c_out * d, c_in * d
-            )
-            start += flat.size
-        self.register_buffer("_gather_index", torch.from_numpy(index), persistent=False)
-        self.register_exact_buffer("_gather_coef", torch.from_numpy(coef))
+        # Schur layers assemble their (rarely needed) dense matrix block by block: a gather table of
+        # ``out.dim x in.dim`` entries per layer would take gigabytes at ViT-B widths.
+        self.schur = in_type.layout == out_type.layout == "components"
+        self._dense_impl = _blockwise_dense if self.schur else _gathered_dense
+        if not self.schur:
+            self._register_gather(endo)
         triv = [(c, sl) for i, rho, c, sl in out_type.blocks() if rho.is_trivial]
         if bias and triv:
             self.bias = nn.Parameter(torch.zeros(triv[0][0]))
@@ -85,11 +138,80 @@ class IrrepLinear(ExactBuffers):
         else:
             self.register_parameter("bias", None)
             self._bias_slice = None
+        # The Schur plan of the "components" layout: output slabs, their input slab, and which
+        # parameter block (and component) builds their matrix.
+        self._impl = _schur_forward if self.schur else _dense_forward
+        if self.schur:
+            self._in_sizes, first = _slab_sizes(in_type)
+            by_irrep = {i: n for n, i in enumerate(self._block_irreps)}
+            self._terms: list[SchurTerm] = []
+            self._term_blocks: list[int] = []  # parameter block per output slab (-1: zeros)
+            for i, rho, c, _ in out_type.blocks():
+                n = by_irrep.get(i, -1)
+                slabs = rho.dim if rho.type == "real" else 1
+                width = c if rho.type == "real" else c * rho.dim
+                for a in range(slabs):
+                    self._terms.append((first[i] + a if n >= 0 else -1, width))
+                    self._term_blocks.append(n)
+            self._bias_term = next(
+                (t for t, (i, rho, _, _) in enumerate(self._out_slab_irreps()) if rho.is_trivial), None
+            )
+
+    def _register_gather(self, endo: list[np.ndarray]) -> None:
+        """The table of :meth:`_gathered_weight`: ``W[r, c] = sum_k theta[index[k, r, c]] * coef[k, r, c]``."""
+        K = max((len(L) for L in endo), default=1)
+        index = np.zeros((K, self.out_type.dim, self.in_type.dim), dtype=np.int64)
+        coef = np.zeros((K, self.out_type.dim, self.in_type.dim))
+        start = 0
+        for (_, _, _, c_out, c_in, _d), L, (oc, ic) in zip(self._blocks, endo, self._coords):
+            k = len(L)
+            flat = start + np.arange(k * c_out * c_in).reshape(k, c_out, c_in)  # theta index of w[k, o, i]
+            # Entry (component a of out copy o, component b of in copy i) is sum_k w[k, o, i] L[k, a, b].
+            rows, cols = oc[:, :, None, None], ic[None, None, :, :]
+            index[:k, rows, cols] = flat[:, :, None, :, None]
+            coef[:k, rows, cols] = L[:, None, :, None, :]
+            start += flat.size
+        self.register_buffer("_gather_index", torch.from_numpy(index), persistent=False)
+        self.register_exact_buffer("_gather_coef", torch.from_numpy(coef))
+
+    def _out_slab_irreps(self) -> list[tuple]:
+        """The output slabs' ``(irrep index, irrep, C'', slice)`` (one per component for real type)."""
+        return [b for b in self.out_type.blocks() for _ in range(b[1].dim if b[1].type == "real" else 1)]
 
     def extra_repr(self) -> str:
-        return f"{self.in_type} -> {self.out_type}, bias={self.bias is not None}"
+        return f"{self.in_type} -> {self.out_type}, bias={self.bias is not None}, schur={self.schur}"
+
+    def schur_mats(self) -> list[torch.Tensor | None]:
+        """The matrix of every output slab of the Schur plan (``components`` layouts): ``w`` ``[C'', C']``
+        for a real-type component, ``sum_k L_k (x) w_k`` ``[d C'', d C']`` otherwise, None for zeros."""
+        weights = self._modules["weights"]._parameters
+        mats, cache = [], {}
+        for n in self._term_blocks:
+            if n < 0:
+                mats.append(None)
+                continue
+            if n not in cache:
+                w, L = weights[str(n)], self._buffers[f"endo_{n}"]
+                _, c_out, c_in = w.shape
+                d = L.shape[-1]
+                if len(L) == 1:  # real type: L = +-I
+                    cache[n] = w[0] * L[0, 0, 0]
+                else:
+                    cache[n] = torch.einsum("kab,koi->aobi", L, w).reshape(d * c_out, d * c_in)
+            mats.append(cache[n])
+        return mats
+
+    def schur_biases(self) -> list[torch.Tensor | None]:
+        """The bias of every output slab of the Schur plan (the trivial irrep's slab only)."""
+        out: list[torch.Tensor | None] = [None] * len(self._terms)
+        if self.bias is not None and self._bias_term is not None:
+            out[self._bias_term] = self._parameters["bias"]
+        return out
 
     def _dense_weight(self) -> torch.Tensor:
+        return self._dense_impl(self)
+
+    def _gathered_weight(self) -> torch.Tensor:
         coef = self._gather_coef
         if not len(self.weights):
             return coef.new_zeros(self.out_type.dim, self.in_type.dim)
@@ -126,21 +248,23 @@ class IrrepLinear(ExactBuffers):
         dtype = ref.dtype if ref is not None else torch.get_default_dtype()
         device = ref.device if ref is not None else None
         W = torch.zeros(self.out_type.dim, self.in_type.dim, dtype=dtype, device=device)
-        for n, out_sl, in_sl, c_out, c_in, d in self._blocks:
-            L = getattr(self, f"endo_{n}")
-            W[out_sl, in_sl] = torch.einsum("koi,kde->odie", self.weights[n], L).reshape(c_out * d, c_in * d)
+        for n, out_sl, in_sl, *_ in self._blocks:
+            W[out_sl, in_sl] = self.block_weight(n)
         return W
 
     def block_weight(self, n: int) -> torch.Tensor:
-        """``[C''_rho d, C'_rho d]`` matrix ``sum_k w_k (x) L_k`` of the n-th irrep block."""
-        _, _, _, c_out, c_in, d = self._blocks[n]
-        if d == 1:
-            return self.weights[n][0] * getattr(self, f"endo_{n}")[0, 0, 0]
-        return torch.einsum("koi,kde->odie", self.weights[n], getattr(self, f"endo_{n}")).reshape(c_out * d, c_in * d)
+        """``[C''_rho d, C'_rho d]`` matrix ``sum_k w_k (x) L_k`` of the n-th irrep block, rows and columns
+        in the types' storage order inside the block (their layouts)."""
+        _, out_sl, in_sl, c_out, c_in, d = self._blocks[n]
+        dense = torch.einsum("koi,kde->odie", self.weights[n], getattr(self, f"endo_{n}"))
+        oc, ic = self._coords[n]
+        rows = torch.from_numpy(np.argsort((oc - out_sl.start).reshape(-1)))  # storage position -> (o, a)
+        cols = torch.from_numpy(np.argsort((ic - in_sl.start).reshape(-1)))
+        return dense.reshape(c_out * d, c_in * d)[rows][:, cols]
 
     def forward_blockwise(self, x: torch.Tensor) -> torch.Tensor:
-        """One matmul per irrep (Schur's block structure): ``sum_rho C''_rho C'_rho d_rho^2``
-        instead of ``dim'' dim'`` multiply-adds per token, but one op per irrep."""
+        """One matmul per irrep block (reference for the Schur forward): ``sum_rho C''_rho C'_rho
+        d_rho^2`` multiply-adds per token, the blocks kept dense."""
         by_out = {out_sl.start: n for n, out_sl, *_ in self._blocks}
         parts = []
         for _, rho, c, out_sl in self.out_type.blocks():
@@ -149,13 +273,17 @@ class IrrepLinear(ExactBuffers):
                 parts.append(x.new_zeros(*x.shape[:-1], c * rho.dim))
                 continue
             in_sl = self._blocks[n][2]
-            bias = self.bias if self.bias is not None and out_sl == self._bias_slice else None
+            bias = self._dense_bias()[out_sl] if self.bias is not None and out_sl == self._bias_slice else None
             parts.append(F.linear(x[..., in_sl], self.block_weight(n), bias))
         return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
+    def apply_to_slabs(self, slabs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The Schur forward on an input already cut into its slabs (``components`` layouts)."""
+        return schur_apply(slabs, self._in_sizes, self._terms, self.schur_mats(), self.schur_biases())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., in.dim] -> [..., out.dim]``: ``F.linear(x, weight_matrix(), bias_vector())``."""
-        return F.linear(x, *self.dense())
+        """``x [..., in.dim] -> [..., out.dim]``: block matmuls (``components`` layouts) or one ``F.linear``."""
+        return self._impl(self, x)
 
     @torch.no_grad()
     def load_dense_(
@@ -168,13 +296,14 @@ class IrrepLinear(ExactBuffers):
         """
         W = torch.as_tensor(np.asarray(W, dtype=np.float64))
         recon = torch.zeros_like(W)
-        for n, out_sl, in_sl, c_out, c_in, d in self._blocks:
+        for (n, _, _, _, _, _), (oc, ic) in zip(self._blocks, self._coords):
             L = self._exact_masters[f"endo_{n}"]
-            block = W[out_sl, in_sl].reshape(c_out, d, c_in, d)
+            rows, cols = torch.from_numpy(oc)[:, :, None, None], torch.from_numpy(ic)[None, None, :, :]
+            block = W[rows, cols]  # [C'', d, C', d]
             # The L_k are orthogonal with |L_k|_F^2 = d.
-            w = torch.einsum("odie,kde->koi", block, L) / d
+            w = torch.einsum("odie,kde->koi", block, L) / L.shape[-1]
             self.weights[n].copy_(w.to(self.weights[n].dtype))
-            recon[out_sl, in_sl] = torch.einsum("koi,kde->odie", w, L).reshape(c_out * d, c_in * d)
+            recon[rows, cols] = torch.einsum("koi,kde->odie", w, L)
         err = (recon - W).abs().max().item() if W.numel() else 0.0
         if err > atol * max(1.0, W.abs().max().item() if W.numel() else 1.0):
             raise ValueError(f"matrix is not equivariant for {self.out_type.group.name}: residual {err:.3e}")
@@ -186,3 +315,19 @@ class IrrepLinear(ExactBuffers):
                 rest[self._bias_slice] = 0
             if rest.abs().max().item() > atol * max(1.0, b.abs().max().item()):
                 raise ValueError("bias has components outside the trivial irrep (or the layer has no bias)")
+
+
+def _dense_forward(m: IrrepLinear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, *m.dense())
+
+
+def _schur_forward(m: IrrepLinear, x: torch.Tensor) -> torch.Tensor:
+    return schur_apply(x, m._in_sizes, m._terms, m.schur_mats(), m.schur_biases())
+
+
+def _gathered_dense(m: IrrepLinear) -> torch.Tensor:
+    return m._gathered_weight()
+
+
+def _blockwise_dense(m: IrrepLinear) -> torch.Tensor:
+    return m.weight_matrix_reference()

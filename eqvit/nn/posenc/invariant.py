@@ -85,7 +85,7 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
         ]
         for n, k, _ in self._used:
             B = getattr(self, f"basis_{n}")  # [k, M, d]
-            parts[n] = torch.einsum("ck,kmd->mcd", self.pos_embed[k], B).flatten(1)
+            parts[n] = self.ftype.flatten_copies(torch.einsum("ck,kmd->mcd", self.pos_embed[k], B))
         return torch.cat(parts, dim=-1)
 
     @torch.no_grad()
