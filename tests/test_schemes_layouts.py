@@ -85,12 +85,16 @@ SUBGROUPS = {
     "platonic_points_tiny": "T",
     "platonic_sphere_tiny": "T",
 }
-RESTRICTIONS = [c for c in COMBINATIONS if c[0] in SUBGROUPS]
+# the Schur (components) storage of the ViT-scale models restricts too, into the same layout
+COMPONENTS = [("o2vit_square_tiny", {"layout": "components"}, p, a) for p in PLANAR for a in LAYOUTS]
+RESTRICTIONS = [c for c in COMBINATIONS if c[0] in SUBGROUPS] + COMPONENTS
 RESTRICTION_TABLE: dict[tuple[str, str, str], tuple[str, float, float, int, int]] = {}
 
 
 @pytest.mark.parametrize(
-    "name, extra, posenc, attention", RESTRICTIONS, ids=[f"{n}-{p}-{a}" for n, _, p, a in RESTRICTIONS]
+    "name, extra, posenc, attention",
+    RESTRICTIONS,
+    ids=[f"{n}-{p}-{a}{'-' + '-'.join(e.values()) if e else ''}" for n, e, p, a in RESTRICTIONS],
 )
 def test_every_combination_restricts(name, extra, posenc, attention):
     """``eqvit.restrict`` works for every scheme and layout: the same function (float64, noised
@@ -107,7 +111,10 @@ def test_every_combination_restricts(name, extra, posenc, attention):
     report = assert_equivariant(randomise_(restricted, seed=5), batch_size=1)  # its own H parameters noised
     n_g, n_h = (sum(p.numel() for p in m.parameters()) for m in (model, restricted))
     assert n_h > n_g
-    RESTRICTION_TABLE[(name, posenc, attention)] = (sub, err, report.max_relative_error, n_g, n_h)
+    if "layout" in extra:  # the restricted model keeps the storage layout
+        assert restricted.feature_type.layout == model.feature_type.layout == extra["layout"]
+    label = name + "".join(f" ({v})" for v in extra.values() if isinstance(v, str))
+    RESTRICTION_TABLE[(label, posenc, attention)] = (sub, err, report.max_relative_error, n_g, n_h)
 
 
 def test_print_the_restriction_table():

@@ -72,11 +72,10 @@ def restriction_map(
         head_of[h] = r
     h_names = [s.name for s in H.irreps]
     entries = []  # (key, sigma index, v coords, Q columns)
-    for i, rho, c, sl in V.blocks():
+    for i, rho, c, _ in V.blocks():
         mats = np.ascontiguousarray(rho.matrices[H.parent_indices])
         sigmas, Q = _restricted_irrep(mats.tobytes(), mats.shape, H)
-        for k in range(c):
-            v = np.arange(sl.start + k * rho.dim, sl.start + (k + 1) * rho.dim)
+        for k, v in enumerate(V.block_coords(i)):  # copy k's coordinates, in V's layout
             col = 0
             for j, sigma in enumerate(sigmas):
                 entries.append(((head_of[v[0]], i, k, j), h_names.index(sigma.name), v, Q[:, col : col + sigma.dim]))
@@ -84,14 +83,13 @@ def restriction_map(
     counts = [0] * len(h_names)
     for _, s, _, _ in entries:
         counts[s] += 1
-    W = FeatureType(H, counts)
+    W = FeatureType(H, counts, layout=V.layout)
+    coords = [W.block_coords(s) for s in range(len(h_names))]  # [D_sigma, d_sigma] per H irrep
     R = np.zeros((W.dim, V.dim))
     next_copy = [0] * len(h_names)
     for _, s, v, Qj in sorted(entries, key=lambda e: e[0]):
-        d = Qj.shape[1]
-        start = int(W.offsets[s]) + next_copy[s] * d
+        R[np.ix_(coords[s][next_copy[s]], v)] = Qj.T
         next_copy[s] += 1
-        R[start : start + d, v] = Qj.T
     return W, R
 
 

@@ -99,11 +99,11 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
         recon = torch.zeros_like(p)
         blocks = self.ftype.blocks()
         for n, k, _ in self._used:
-            _, rho, c, sl = blocks[n]
+            coords = torch.as_tensor(self.ftype.block_coords(blocks[n][0]))  # [C, d] in the type's layout
             B = self._exact_masters[f"basis_{n}"]  # [k, M, d], orthonormal
-            coeff = torch.einsum("mcd,kmd->ck", p[:, sl].reshape(len(p), c, rho.dim), B)
+            coeff = torch.einsum("mcd,kmd->ck", p[:, coords], B)
             self.pos_embed[k].copy_(coeff.to(self.pos_embed[k].dtype))
-            recon[:, sl] = torch.einsum("ck,kmd->mcd", coeff, B).reshape(len(p), -1)
+            recon[:, coords] = torch.einsum("ck,kmd->mcd", coeff, B)
         err = (recon - p).abs().max().item() if p.numel() else 0.0
         if err > atol * max(1.0, p.abs().max().item() if p.numel() else 1.0):
             raise ValueError(f"the encoding is not invariant for {self.ftype.group.name}: residual {err:.3e}")
