@@ -186,7 +186,8 @@ def _platonic_attention(m: PlatonicAttention) -> nn.Module:
         m.qkv = FrozenLinear(m.qkv.weight[index], None if m.qkv.bias is None else m.qkv.bias[index])
         m.head_order = nn.Identity()
     plain = isinstance(m.q_norm, nn.Identity) and isinstance(m.k_norm, nn.Identity)
-    if m.scores == "frames" and plain and isinstance(m.head_order, nn.Identity):
+    # (only PlatonicAttention itself: subclasses such as fixed-key attention project differently)
+    if type(m) is PlatonicAttention and m.scores == "frames" and plain and isinstance(m.head_order, nn.Identity):
         # Frames as heads without qk-norm: timm's attention with |G| H heads and the rotation in place.
         frozen = [isinstance(p, FrozenLinear) for p in (m.qkv, m.proj)]
         if all(frozen):
