@@ -72,7 +72,7 @@ def restriction_map(
         head_of[h] = r
     h_names = [s.name for s in H.irreps]
     entries = []  # (key, sigma index, v coords, Q columns)
-    for i, rho, c, _ in V.blocks():
+    for i, rho, _, _ in V.blocks():
         mats = np.ascontiguousarray(rho.matrices[H.parent_indices])
         sigmas, Q = _restricted_irrep(mats.tobytes(), mats.shape, H)
         for k, v in enumerate(V.block_coords(i)):  # copy k's coordinates, in V's layout

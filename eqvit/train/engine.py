@@ -186,11 +186,11 @@ def check_relaxation(model: nn.Module, schedule: dict[int, str]) -> None:
     if not schedule:
         return
     from eqvit.models.restrict import find_subgroup
+    from eqvit.models.restrict_irreps import is_irrep_model
     from eqvit.models.restrict_platonic import is_platonic
-    from eqvit.nn.tokenizers.planar import PlanarTokenizer
 
     platonic = is_platonic(model)
-    if not platonic and not isinstance(getattr(model, "tokenizer", None), PlanarTokenizer):
+    if not platonic and not is_irrep_model(model):  # the two families restrict() dispatches on
         raise ValueError(
             f"model.relaxation needs an O(2)-subgroup ViT (o2vit_*) or a Platonic Transformer (platonic_*), "
             f"got {type(model).__name__} {getattr(model, 'default_cfg', {}).get('architecture', '')}".rstrip()
