@@ -32,6 +32,7 @@ from torch import nn
 
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.recompute import recompute
 
 
 def irrep_layer_norm(
@@ -110,7 +111,8 @@ class IrrepLayerNorm(ExactBuffers):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gamma, beta, mask, root = self._scaled_affine()
-        return irrep_layer_norm(x, self._buffers["neg_center_col"], mask, gamma, beta, root)
+        # Recomputed in backward: autograd would keep the centred token twice over (z, gamma z).
+        return recompute(irrep_layer_norm, x, self._buffers["neg_center_col"], mask, gamma, beta, root)
 
     def reflect(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., dim] -> H x``: into (or, ``H`` being an involution, out of) the reflected basis."""
