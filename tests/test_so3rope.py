@@ -265,3 +265,43 @@ def test_token_major_fast_path_equals_rotate_qk(head_dim, prefix):
     assert torch.allclose(fast_q, ref_q.transpose(1, 2), atol=1e-13)
     assert torch.allclose(fast_k, ref_k.transpose(1, 2), atol=1e-13)
     assert not torch.allclose(fast_q, q)  # it does rotate
+
+
+@pytest.mark.parametrize("head_dim", [16, 30])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_stacked_in_place_on_qkv_view_equals_rotate_qk(head_dim, prefix):
+    """Attention rotates q and k in place in its qkv output ``[B, N, 3, H, D]``; that must equal
+    rotate_qk (float64, 1e-13), touch neither v nor the prefix tokens, and back-propagate the same."""
+    gen = torch.Generator().manual_seed(4)
+    poses = random_rotations(7, generator=gen, dtype=torch.float64)
+    rope = SO3RoPE(head_dim, poses=poses).double()
+    source = torch.randn(2, 7 + prefix, 3 * 3 * head_dim, generator=gen, dtype=torch.float64, requires_grad=True)
+    qkv = (source * 1.0).view(2, 7 + prefix, 3, 3, head_dim)  # a fresh projection's output, viewed
+    out = rope.rotate_qk_stacked_(qkv[:, :, :2], prefix)
+    assert out.data_ptr() == qkv.data_ptr()  # in place, in the qkv tensor itself
+    ref = source.detach().view(2, 7 + prefix, 3, 3, head_dim)
+    ref_q, ref_k = rope.rotate_qk(ref[:, :, 0].transpose(1, 2), ref[:, :, 1].transpose(1, 2), prefix)
+    assert (qkv[:, :, 0] - ref_q.transpose(1, 2)).abs().max() <= 1e-13
+    assert (qkv[:, :, 1] - ref_k.transpose(1, 2)).abs().max() <= 1e-13
+    assert torch.equal(qkv[:, :, 2], ref[:, :, 2])  # v untouched
+    assert torch.equal(qkv[:, :prefix], ref[:, :prefix])
+    assert not torch.allclose(qkv[:, prefix:, :2], ref[:, prefix:, :2])  # it does rotate
+    # Gradients through the in-place write equal those of the out-of-place reference.
+    weight = torch.randn(qkv.shape, generator=gen, dtype=torch.float64)
+    (grad,) = torch.autograd.grad((qkv * weight).sum(), source)
+    src = source.detach().clone().requires_grad_(True)
+    view = src.view(2, 7 + prefix, 3, 3, head_dim)
+    q2, k2 = rope.rotate_qk(view[:, :, 0].transpose(1, 2), view[:, :, 1].transpose(1, 2), prefix)
+    expected = torch.stack([q2.transpose(1, 2), k2.transpose(1, 2), view[:, :, 2]], dim=2)
+    (grad_ref,) = torch.autograd.grad((expected * weight).sum(), src)
+    assert (grad - grad_ref).abs().max() <= 1e-13
+
+
+def test_stacked_in_place_needs_a_view():
+    """q and k heads that cannot be merged without a copy are refused (a copy would drop the write)."""
+    rope = SO3RoPE(16, poses=random_rotations(N, generator=_gen(5)))
+    qk = torch.randn(B, N, H, 2, 16).transpose(2, 3)  # [B, N, 2, H, D] with the q/k axis inside the heads
+    with pytest.raises(RuntimeError, match="view"):
+        rope.rotate_qk_stacked_(qk)
+    with pytest.raises(ValueError, match=f"expected {N} tokens"):
+        rope.rotate_qk_stacked_(torch.randn(B, N + 1, 2, H, 16))

@@ -57,12 +57,16 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``x [B, N, C]`` -> ``[B, N, C]``."""
         B, N, C = x.shape
-        # Token-major [B, N, H, D] until SDPA: RoPE-like schemes rotate per token, and in this
-        # layout they need no transposes of their own.
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)
-        q, k = self.q_norm(q), self.k_norm(k)
+        # Token-major [B, N, 3, H, D] until SDPA: RoPE-like schemes rotate per token, and in this
+        # layout they need no transposes of their own. Queries and keys stay stacked, so a scheme
+        # rotates both in one op, in place in this layer's own fresh projection (no copies).
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
+        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
+            qk = qkv[:, :, :2]  # a view
+        else:
+            qk = torch.stack([self.q_norm(qkv[:, :, 0]), self.k_norm(qkv[:, :, 1])], dim=2)
         if rope is not None:
-            q, k = rope.rotate_qk_tokens(q, k, num_prefix_tokens)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, N, D]
+            qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
+        q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)  # [B, H, N, D]
         out = self.sdpa(q, k, v).transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(out))

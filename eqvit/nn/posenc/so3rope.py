@@ -83,26 +83,27 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
     def rotate_qk_tokens(
         self, q: torch.Tensor, k: torch.Tensor, num_prefix_tokens: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token-major fast path: ``q, k [B, N, H, D]`` rotated in one batched matmul over tokens.
-
-        Queries and keys of all heads share each token's matrix, so they are stacked into one
-        ``[N, 2 B H, D] @ [N, D, D]`` product: a few large per-token products instead of many
-        small ones (on CPU this halves the cost of the einsum over ``[B, H, N, D]``).
-        """
+        """Token-major ``q, k [B, N, H, D]``: stacked once, then :meth:`rotate_qk_stacked_`."""
         q, k = q.flatten(2, -2), k.flatten(2, -2)  # heads may come unflattened (see the base class)
-        self._check_fixed(q, num_prefix_tokens, token_axis=1)
-        p = num_prefix_tokens
-        B, N, H, D = q.shape
-        x = torch.stack((q[:, p:], k[:, p:]), dim=2)  # [B, N - p, 2, H, D]
-        n = N - p
-        tokens = x.transpose(0, 1).reshape(n, B * 2 * H, D)[..., : self.rotated_dim]
-        rotated = torch.bmm(tokens, self.pi_t.to(x.dtype))  # [n, 2BH, k]
-        if self.rotated_dim < D:
-            rotated = torch.cat([rotated, x.transpose(0, 1).reshape(n, B * 2 * H, D)[..., self.rotated_dim :]], -1)
-        rotated = rotated.reshape(n, B, 2, H, D).transpose(0, 1)
-        if p:
-            rotated = torch.cat([torch.stack((q[:, :p], k[:, :p]), dim=2), rotated], dim=1)
-        return rotated[:, :, 0], rotated[:, :, 1]
+        qk = self.rotate_qk_stacked_(torch.stack((q, k), dim=2), num_prefix_tokens)
+        return qk[:, :, 0], qk[:, :, 1]
+
+    def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """In place on ``qk [B, N, 2, H, D]`` (q then k; typically a view into attention's qkv output).
+
+        Per sample one batched matmul over tokens, ``[N, 2 H, k] @ pi_t [N, k, k]``, read from and
+        written back to a strided view of the first k channels of every query and key head: no
+        stack, cat or transpose copies, and the channels past k are never touched. Returns ``qk``.
+        """
+        B, N = qk.shape[:2]
+        self._check_fixed(qk, num_prefix_tokens, token_axis=1)
+        # view, not reshape: a copy here would silently drop the in-place write
+        rows = qk.view(B, N, -1, self.head_dim)[:, num_prefix_tokens:, :, : self.rotated_dim]
+        pi_t = self.pi_t.to(qk.dtype)
+        # One matmul per sample: a single one over (b, n) would need pi_t repeated B times.
+        for b in range(B):  # rows[b], not unbind: autograd forbids in-place writes to unbind's views
+            rows[b].copy_(torch.bmm(rows[b], pi_t))
+        return qk
 
     def _check_fixed(self, x: torch.Tensor, num_prefix_tokens: int, token_axis: int) -> None:
         if self.pi is None:
