@@ -7,6 +7,11 @@ linears, group convolutions, Fourier bases, tiled affines) and keeps no cache th
 the same function (the tests check every registered model in float64), has no trainable parameters
 and is meant for ``eval()`` / ``no_grad`` use; train the original and fuse again after an update.
 
+On Platonic image models whose channels per frame make it pay (:data:`FOURIER_STREAM_MIN_CHANNELS`) it
+keeps the residual stream in the Fourier basis (:mod:`eqvit.nn.fused_fourier`): the group convolutions
+become Schur block matmuls and the frames are visited only around the GELU and for frame RoPE and
+frames-as-heads attention. Their intermediate token maps are then Fourier coefficients.
+
 On irrep-wise models (the O(2) ViTs) it also moves the residual stream into the norms' reflected
 basis (:mod:`eqvit.nn.norm`): every norm becomes one ``F.layer_norm`` read through folded weights,
 the cost of timm's. Their intermediate token maps (``forward_intermediates``) are then in that basis;
@@ -24,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from eqvit.groups import FiniteGroup
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.basis import AttentionInBasis
 from eqvit.nn.fused import (
@@ -42,21 +48,35 @@ from eqvit.nn.fused import (
     ReflectedIrrepBlock,
     ReflectedPlanarEmbedding,
 )
+from eqvit.nn.fused_fourier import (
+    FourierFrameAttention,
+    FourierMlp,
+    FramesReadout,
+    RegularBasis,
+    fold_into_lift,
+    irrep_norm_from_regular,
+    stream_cost_ratio,
+)
 from eqvit.nn.fused_frames import FrozenFrameAttention
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp
 from eqvit.nn.layers import Block, FeatureGather
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
-from eqvit.nn.platonic import PlatonicAttention
+from eqvit.nn.platonic import InvariantPoolHead, PlatonicAttention, PlatonicMlp
 from eqvit.nn.posenc.base import NoPositionalEncoding
+from eqvit.nn.posenc.frame_rope import FrameRoPE
 from eqvit.nn.posenc.invariant import InvariantAPE
 from eqvit.nn.posenc.learned import OrbitAPE
-from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm
+from eqvit.nn.regular import FOURIER_COST_RATIO, GroupConvLinear, RegularLayerNorm, RegularLayerScale
 from eqvit.nn.tokenizers.planar import GroupPatchEmbed, PlanarTokenizer
 from eqvit.nn.tokenizers.platonic import LiftedSquarePatchEmbed
 
 Fuser = Callable[[nn.Module], nn.Module]
+
+# The Fourier-basis stream of Platonic models needs this many channels per frame: below it the Schur
+# form's per-irrep GEMMs are too small to beat one dense GEMM (benchmarks/platonic_speed.py, scale_speed.py).
+FOURIER_STREAM_MIN_CHANNELS = 48
 _FUSERS: dict[type, Fuser] = {}
 
 
@@ -232,8 +252,64 @@ def _reflected_stream_applies(model: nn.Module) -> bool:
     return True
 
 
+# ---------------------------------------------------------------------------------------------------
+# models: the Fourier-basis stream of Platonic models
+
+
+def _fourier_stream_applies(model: nn.Module) -> bool:
+    """A Platonic image model (square lift, frame RoPE or no positional scheme, no prefix tokens, the
+    pooling head) of plain frames-as-heads blocks with enough channels per frame for Schur linears to pay."""
+    frames, norm = getattr(model, "frames", None), getattr(model, "norm", None)
+    if not isinstance(frames, FiniteGroup) or not isinstance(norm, RegularLayerNorm):
+        return False
+    if norm.channels < FOURIER_STREAM_MIN_CHANNELS or stream_cost_ratio(frames) > FOURIER_COST_RATIO:
+        return False
+    if not isinstance(model.tokenizer, LiftedSquarePatchEmbed) or type(model.head) is not InvariantPoolHead:
+        return False
+    if model.num_prefix_tokens or not isinstance(model.posenc, (FrameRoPE, NoPositionalEncoding)):
+        return False
+    if not isinstance(model.input_encoding, nn.Identity):
+        return False
+    for block in model.blocks:
+        attn, mlp = getattr(block, "attn", None), getattr(block, "mlp", None)
+        if not (
+            type(block) is Block
+            and type(attn) is PlatonicAttention
+            and attn.scores == "frames"
+            and isinstance(attn.q_norm, nn.Identity)
+            and isinstance(attn.k_norm, nn.Identity)
+            and type(mlp) is PlatonicMlp
+            and all(isinstance(n, RegularLayerNorm) for n in (block.norm1, block.norm2))
+            and all(isinstance(ls, (nn.Identity, RegularLayerScale)) for ls in (block.ls1, block.ls2))
+        ):
+            return False
+    return True
+
+
+def _fourier_stream(model: nn.Module) -> nn.Module:
+    """Every block, the final norm, the lift and the head rewritten on Fourier coefficients."""
+    basis = RegularBasis(model.frames, model.norm.channels)
+    model.tokenizer = fold_into_lift(FrozenSquareLift(model.tokenizer), basis)
+    model.blocks = nn.ModuleList(
+        Block(
+            irrep_norm_from_regular(b.norm1, basis),
+            FourierFrameAttention(b.attn, basis),
+            irrep_norm_from_regular(b.norm2, basis),
+            FourierMlp(b.mlp, basis),
+            ls1=b.ls1,  # a per-channel scale commutes with T = Q (x) I_C
+            ls2=b.ls2,
+        )
+        for b in model.blocks
+    )
+    model.head = FramesReadout(model.head, basis, model.norm.weight)
+    model.norm = irrep_norm_from_regular(model.norm, basis)
+    return _fuse_children(model)  # the head's lift
+
+
 @register_fuser(EquivariantViT)
 def _fuse_model(model: nn.Module) -> nn.Module:
+    if _fourier_stream_applies(model):
+        return _fourier_stream(model)
     if not _reflected_stream_applies(model):
         return _fuse_children(model)
     norm = model.norm

@@ -26,7 +26,8 @@ step: ``/proc/self/clear_refs`` resets the high-water mark after ``malloc_trim``
 not measured). ``os.getloadavg()`` is recorded before and after each measurement.
 
 Usage: ``python benchmarks/scale_speed.py [--sizes small base] [--batches 1 8] [--threads 1 2]
-[--rounds N] [--quick]``; ``--quick`` is a smoke run (depth 2, 64^2 images, batch 1, 1 thread, 2
+[--rounds N] [--models eqvit_d4 platonic_d4 octic] [--quick]`` (``--models``: the rows timed beside
+timm); ``--quick`` is a smoke run (depth 2, 64^2 images, batch 1, 1 thread, 2
 rounds) for CI. Writes ``benchmarks/results/scale_speed.json`` (``--out``) and prints a table.
 """
 
@@ -200,9 +201,10 @@ def train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> Calla
 # ----------------------------------------------------------------------------------------- driver
 def run(args: argparse.Namespace) -> dict:
     octic_pkg = None if args.no_octic else load_octic(Path(args.octic))
-    names = [n for n in MODELS if n != "octic" or octic_pkg is not None]
+    chosen = ["timm", *args.models]  # timm is the reference of every ratio
+    names = [n for n in MODELS if n in chosen and (n != "octic" or octic_pkg is not None)]
     why = "--no-octic" if args.no_octic else f"no folder {args.octic}"
-    skipped = [] if octic_pkg is not None else [f"octic: {why}"]
+    skipped = [] if octic_pkg is not None or "octic" not in chosen else [f"octic: {why}"]
     out = dict(
         meta=dict(
             torch=torch.__version__, timm=timm.__version__, python=platform.python_version(), cpu=platform.processor(),
@@ -305,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-rounds", type=int, default=3)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--no-train", action="store_true", help="skip the training step")
+    parser.add_argument(
+        "--models", nargs="+", default=list(MODELS[1:]), choices=MODELS[1:], help="rows beside timm (always timed)"
+    )
     parser.add_argument("--octic", default=str(OCTIC_DEFAULT), help="folder of the octic_vits package")
     parser.add_argument("--no-octic", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke run: depth 2, 64^2 images, batch 1, 1 thread")
