@@ -23,7 +23,9 @@ error (max over the 8 D4 image transforms of ``|f(g x) - f(x)|_max / |f(x)|_max`
 (the training form, forward + backward of a cross-entropy loss at batch 8, interleaved like the
 forwards, ratio to timm) and its peak memory (the rise of the process' peak resident set over the
 step: ``/proc/self/clear_refs`` resets the high-water mark after ``malloc_trim``; Linux only, else
-not measured). ``os.getloadavg()`` is recorded before and after each measurement.
+not measured) and the peak allocated tensor memory of the step (:func:`eqvit.bench.memory.peak_allocated_mb`,
+the CPU analogue of ``torch.cuda.max_memory_allocated``, independent of the C allocator).
+``os.getloadavg()`` is recorded before and after each measurement.
 
 Usage: ``python benchmarks/scale_speed.py [--sizes small base] [--batches 1 8] [--threads 1 2]
 [--rounds N] [--models eqvit_d4 platonic_d4 octic] [--quick]`` (``--models``: the rows timed beside
@@ -54,6 +56,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
 from eqvit.bench._paths import results_dir
+from eqvit.bench.memory import peak_allocated_mb
 
 SIZES = {"small": dict(embed_dim=384, num_heads=6), "base": dict(embed_dim=768, num_heads=12)}
 MODELS = ("timm", "eqvit_d4", "platonic_d4", "octic")
@@ -250,10 +253,13 @@ def run(args: argparse.Namespace) -> dict:
             training = dict(batch=args.train_batch, load=[load0, os.getloadavg()[0]], models=summarise(times))
             for n, step in steps.items():
                 training["models"][n]["peak_mb"] = peak_step_mb(step)
+                training["models"][n]["peak_allocated_mb"] = peak_allocated_mb(step)
             timm_peak = training["models"]["timm"]["peak_mb"]
+            timm_alloc = training["models"]["timm"]["peak_allocated_mb"]
             for n in steps:
                 peak = training["models"][n]["peak_mb"]
                 training["models"][n]["peak_ratio"] = None if not (peak and timm_peak) else peak / timm_peak
+                training["models"][n]["peak_allocated_ratio"] = training["models"][n]["peak_allocated_mb"] / timm_alloc
         out["sizes"][size] = dict(info=info, forward=forward, training=training)
         del built
     return out
@@ -289,6 +295,15 @@ def table(result: dict) -> str:
                     "           n/a"
                     if t["models"][n]["peak_mb"] is None
                     else f"{t['models'][n]['peak_mb']:7.0f} ({t['models'][n]['peak_ratio']:.2f})".rjust(14)
+                    for n in names
+                )
+            )
+            lines.append(
+                f"{'train allocated MiB (/timm)':28s}"
+                + "".join(
+                    f"{t['models'][n]['peak_allocated_mb']:7.0f} ({t['models'][n]['peak_allocated_ratio']:.2f})".rjust(
+                        14
+                    )
                     for n in names
                 )
             )
