@@ -1,4 +1,4 @@
-"""eqvit.bench.memory: peak allocated tensor memory of a call."""
+"""eqvit.bench._memory: peak allocated tensor memory of a call."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 
 def test_peak_allocated_counts_what_a_call_holds() -> None:
-    from eqvit.bench.memory import peak_allocated_mb
+    from eqvit.bench._memory import peak_allocated_mb
 
     def two_at_once() -> None:
         a = torch.empty(2**18)  # 1 MiB

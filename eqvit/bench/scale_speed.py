@@ -23,7 +23,7 @@ error (max over the 8 D4 image transforms of ``|f(g x) - f(x)|_max / |f(x)|_max`
 (the training form, forward + backward of a cross-entropy loss at batch 8, interleaved like the
 forwards, ratio to timm) and its peak memory (the rise of the process' peak resident set over the
 step: ``/proc/self/clear_refs`` resets the high-water mark after ``malloc_trim``; Linux only, else
-not measured) and the peak allocated tensor memory of the step (:func:`eqvit.bench.memory.peak_allocated_mb`,
+not measured) and the peak allocated tensor memory of the step (:func:`eqvit.bench._memory.peak_allocated_mb`,
 the CPU analogue of ``torch.cuda.max_memory_allocated``, independent of the C allocator).
 ``os.getloadavg()`` is recorded before and after each measurement.
 
@@ -55,8 +55,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
+from eqvit.bench._memory import peak_allocated_mb
 from eqvit.bench._paths import results_dir
-from eqvit.bench.memory import peak_allocated_mb
 
 SIZES = {"small": dict(embed_dim=384, num_heads=6), "base": dict(embed_dim=768, num_heads=12)}
 MODELS = ("timm", "eqvit_d4", "platonic_d4", "octic")

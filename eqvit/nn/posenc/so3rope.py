@@ -98,7 +98,7 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
         B, N = qk.shape[:2]
         self._check_fixed(qk, num_prefix_tokens, token_axis=1)
         # view, not reshape: a copy here would silently drop the in-place write
-        rows = qk.view(B, N, -1, self.head_dim)[:, num_prefix_tokens:, :, : self.rotated_dim]
+        rows = qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:, :, : self.rotated_dim]
         pi_t = self.pi_t.to(qk.dtype)
         # One matmul per sample: a single one over (b, n) would need pi_t repeated B times.
         for b in range(B):  # rows[b], not unbind: autograd forbids in-place writes to unbind's views
