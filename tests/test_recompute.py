@@ -60,4 +60,3 @@ def test_norm_recompute_same_gradients_fewer_saved() -> None:
     affine_bytes = 8 * norm.in_type.dim * x.element_size()  # gamma, beta, mask, centre column, indices
     assert _saved_bytes(norm, x) <= token_bytes + affine_bytes  # x and the per-coordinate affine only
     assert _saved_bytes(plain, x) > 2 * token_bytes  # plain autograd keeps z and gamma z as well
-
