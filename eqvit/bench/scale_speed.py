@@ -301,10 +301,8 @@ def table(result: dict) -> str:
             lines.append(
                 f"{'train allocated MiB (/timm)':28s}"
                 + "".join(
-                    f"{t['models'][n]['peak_allocated_mb']:7.0f} ({t['models'][n]['peak_allocated_ratio']:.2f})".rjust(
-                        14
-                    )
-                    for n in names
+                    f"{m['peak_allocated_mb']:7.0f} ({m['peak_allocated_ratio']:.2f})".rjust(14)
+                    for m in (t["models"][n] for n in names)
                 )
             )
     lines.append("\nratio = median per-round time ratio to timm (cells: ratio x median ms); 1 = timm's time")

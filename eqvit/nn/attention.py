@@ -10,6 +10,14 @@ from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 
+def stacked_qk(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> torch.Tensor:
+    """``qkv [B, N, 3, H, D] -> qk [B, N, 2, H, D]``: queries and keys after their norms, stacked so that
+    a positional scheme rotates both in one op. Without qk-norm it is a view of ``qkv`` (no copy)."""
+    if isinstance(q_norm, nn.Identity) and isinstance(k_norm, nn.Identity):
+        return qkv[:, :, :2]
+    return torch.stack([q_norm(qkv[:, :, 0]), k_norm(qkv[:, :, 1])], dim=2)
+
+
 class Attention(nn.Module):
     """timm-style attention: qkv projection, optional qk-norm, SDPA, output projection.
 
@@ -61,10 +69,7 @@ class Attention(nn.Module):
         # layout they need no transposes of their own. Queries and keys stay stacked, so a scheme
         # rotates both in one op, in place in this layer's own fresh projection (no copies).
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
-        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
-            qk = qkv[:, :, :2]  # a view
-        else:
-            qk = torch.stack([self.q_norm(qkv[:, :, 0]), self.k_norm(qkv[:, :, 1])], dim=2)
+        qk = stacked_qk(qkv, self.q_norm, self.k_norm)
         if rope is not None:
             qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
         q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)  # [B, H, N, D]

@@ -174,10 +174,11 @@ def fold_into_lift(lift: nn.Module, basis: RegularBasis) -> nn.Module:
 
 
 def stream_cost_ratio(group: FiniteGroup) -> float:
-    """Multiply-adds of a Schur linear on regular features relative to the dense group convolution:
-    ``sum_rho d_rho m_rho^2 / |G|^2`` (``m_rho = d_rho / type_factor`` copies per regular copy).
-    for real irreps, ``(d_rho m_rho)^2`` for the two-matrix form of the others. D4: 12 / 64, O: 64 / 576,
-    I: 244 / 3600."""
+    """Multiply-adds of a Schur linear on regular features relative to the dense group convolution.
+
+    Irrep rho has ``m = d_rho / type_factor`` copies in one regular copy; its block costs ``d_rho m^2``
+    for real type and ``(d_rho m)^2`` for the two-matrix form of the others; the sum is divided by
+    ``|G|^2``. D4: 12 / 64, O: 64 / 576, I: 244 / 3600."""
     total = 0
     for rho in group.irreps:
         m = rho.dim // rho.type_factor

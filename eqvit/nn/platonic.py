@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.nn.attention import stacked_qk
 from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, FeatureGather, check_num_classes
@@ -92,10 +93,7 @@ class PlatonicAttention(nn.Module):
         B, N, _ = x.shape
         G, H, D = self.order, self.num_heads, self.head_dim
         qkv = self.project_qkv(x)  # [B, N, 3, G H, D]
-        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
-            qk = qkv[:, :, :2]  # a view
-        else:
-            qk = torch.stack([self.q_norm(qkv[:, :, 0]), self.k_norm(qkv[:, :, 1])], dim=2)
+        qk = stacked_qk(qkv, self.q_norm, self.k_norm)
         if rope is not None:  # in place: qkv is this layer's own fresh projection
             qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
         q, k, v = *qk.unbind(2), qkv[:, :, 2]  # [B, N, G H, D] each
