@@ -42,7 +42,6 @@ from eqvit.nn.fused import (
     FrozenLinear,
     FrozenMlp,
     FrozenSchurAttention,
-    FrozenSchurLinear,
     FrozenSquareLift,
     ReflectedFinalNorm,
     ReflectedIrrepBlock,
@@ -50,14 +49,21 @@ from eqvit.nn.fused import (
 )
 from eqvit.nn.fused_fourier import (
     FourierFrameAttention,
-    FourierMlp,
     FramesReadout,
     RegularBasis,
     fold_into_lift,
+    fourier_mlp,
     irrep_norm_from_regular,
     stream_cost_ratio,
 )
 from eqvit.nn.fused_frames import FrozenFrameAttention
+from eqvit.nn.fused_schur import (
+    FourierSlabMlp,
+    FrozenSchurLinear,
+    SchurCoupledAttention,
+    fourier_slab_mlp_applies,
+    schur_coupled_attention_applies,
+)
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp
 from eqvit.nn.layers import Block, FeatureGather
@@ -140,13 +146,18 @@ def _irrep_norm(m: IrrepLayerNorm) -> nn.Module:
 
 @register_fuser(IrrepAttention)
 def _irrep_attention(m: IrrepAttention) -> nn.Module:
+    if schur_coupled_attention_applies(m):
+        return SchurCoupledAttention(m)
     return FrozenSchurAttention(m) if m.schur else FrozenIrrepAttention(m)
 
 
 @register_fuser(IrrepMlp)
 def _irrep_mlp(m: IrrepMlp) -> nn.Module:
-    if m.schur:  # the Fourier transforms stay per-token around the GELU; the linears are frozen
-        return _fuse_children(m)
+    if m.schur:  # block matmuls around the Fourier transforms, the hidden features feature-major
+        fused = _fuse_children(m)
+        if fourier_slab_mlp_applies(fused.fc1, fused.act, fused.fc2):
+            return FourierSlabMlp(fused.fc1, fused.act, fused.fc2)
+        return fused
     w1, b1, w2, b2 = m.folded_weights()
     return FrozenMlp(w1, b1, m.act.act, w2, b2, in_type=m.in_type)
 
@@ -295,7 +306,7 @@ def _fourier_stream(model: nn.Module) -> nn.Module:
             irrep_norm_from_regular(b.norm1, basis),
             FourierFrameAttention(b.attn, basis),
             irrep_norm_from_regular(b.norm2, basis),
-            FourierMlp(b.mlp, basis),
+            fourier_mlp(b.mlp, basis),
             ls1=b.ls1,  # a per-channel scale commutes with T = Q (x) I_C
             ls2=b.ls2,
         )

@@ -12,8 +12,8 @@ from randomise import randomise_
 
 import eqvit
 from eqvit.groups import get_group
-from eqvit.nn.fused import FrozenSchurLinear
-from eqvit.nn.fused_fourier import FourierFrameAttention, FourierMlp, RegularBasis, stream_cost_ratio
+from eqvit.nn.fused_fourier import FourierFrameAttention, RegularBasis, stream_cost_ratio
+from eqvit.nn.fused_schur import FourierSlabMlp
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.testing import assert_equivariant
 
@@ -64,8 +64,11 @@ def test_fourier_stream_computes_the_same_function(every_width, name, kwargs):
         expected = model(x)
         fused = eqvit.fuse(model)
         got = fused(x)
-    assert all(isinstance(b.attn, FourierFrameAttention) and isinstance(b.mlp, FourierMlp) for b in fused.blocks)
-    assert isinstance(fused.blocks[0].mlp.fc1, FrozenSchurLinear)
+    assert all(isinstance(b.attn, FourierFrameAttention) and isinstance(b.mlp, FourierSlabMlp) for b in fused.blocks)
+    mlp = fused.blocks[0].mlp  # fc1 as Schur slabs: 12/64 of the dense group convolution's entries for D4
+    hidden = mlp.num_rows * mlp.row_width
+    w1 = sum(getattr(mlp, f"w1_{k}").numel() for k in range(len(mlp.fc1_runs)))
+    assert w1 == stream_cost_ratio(model.frames) * hidden * mlp.in_type.dim
     assert (got - expected).abs().max() <= 1e-10 * expected.abs().max()
 
 

@@ -10,6 +10,7 @@ from test_models import TEST_MODELS, build, call, random_input
 
 import eqvit
 from eqvit.nn.fused import FrozenSchurAttention, ReflectedIrrepBlock
+from eqvit.nn.fused_schur import SchurCoupledAttention
 from eqvit.testing import EquivarianceError, assert_equivariant
 
 
@@ -34,7 +35,7 @@ def test_fuse_computes_the_same_function(name):
     if name.startswith("o2vit_") and model.feature_type.layout == "copies":  # the reflected stream
         assert all(isinstance(block, ReflectedIrrepBlock) for block in fused.blocks)
     elif name.startswith("o2vit_"):  # components layout: the Schur linears stay block matmuls
-        assert all(isinstance(block.attn, FrozenSchurAttention) for block in fused.blocks)
+        assert all(isinstance(block.attn, (SchurCoupledAttention, FrozenSchurAttention)) for block in fused.blocks)
 
 
 @pytest.mark.parametrize("name", [n for n in TEST_MODELS if not n.startswith(("s2transformer", "vit_ape"))])

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eqvit.nn.fused_schur import FrozenSchurLinear
 from eqvit.nn.irrep_attention import attend_heads, schur_attend
-from eqvit.nn.linear import schur_apply
 from eqvit.nn.norm import irrep_layer_norm
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import fourier_group_conv
@@ -46,25 +46,6 @@ class FrozenLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
-
-
-class FrozenSchurLinear(nn.Module):
-    """:class:`~eqvit.nn.linear.IrrepLinear` in the ``components`` layout with its slab matrices fixed:
-    the same block matmuls (:func:`~eqvit.nn.linear.schur_apply`), ``[..., in.dim] -> [..., out.dim]``."""
-
-    def __init__(self, lin: nn.Module) -> None:
-        super().__init__()
-        self.in_type, self.out_type = lin.in_type, lin.out_type
-        self.sizes, self.terms = list(lin._in_sizes), list(lin._terms)
-        _register_list(self, "mat", lin.schur_mats())
-        _register_list(self, "bias", lin.schur_biases())
-
-    def apply_to_slabs(self, slabs) -> torch.Tensor:
-        """The forward on an input already cut into its slabs."""
-        return self(slabs)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return schur_apply(x, self.sizes, self.terms, _read_list(self, "mat"), _read_list(self, "bias"))
 
 
 class FrozenSchurAttention(nn.Module):

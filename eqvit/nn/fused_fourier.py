@@ -8,11 +8,12 @@ regular orbits (:func:`regular_basis`): coordinate ``s * C + c`` is Fourier coef
 c, and the change of basis is ``T = Q (x) I_C`` with ``Q [|G|, |G|]`` orthogonal, one small matmul on
 ``[..., |G|, C]`` per token. ``T`` commutes with every per-channel operation, so
 
-* the group convolutions become :class:`~eqvit.nn.fused.FrozenSchurLinear` (``T^T W T`` loaded into an
+* the group convolutions become :class:`~eqvit.nn.fused_schur.FrozenSchurLinear` (``T^T W T`` loaded into an
   :class:`~eqvit.nn.linear.IrrepLinear`, exact by :meth:`~eqvit.nn.linear.IrrepLinear.load_dense_`);
 * the frame-shared LayerNorm is an :class:`~eqvit.nn.norm.IrrepLayerNorm` (centre: the trivial
   coefficients; gamma: each copy its channel's; beta: ``T^T`` of the tiled bias), LayerScale is kept;
-* the pointwise GELU on the frames is the strided :class:`~eqvit.nn.activation.FourierActivation`;
+* the pointwise GELU on the frames is the strided :class:`~eqvit.nn.activation.FourierActivation`, and
+  the MLP runs as :class:`~eqvit.nn.fused_schur.FourierSlabMlp` (hidden features feature-major);
 * frame RoPE and frames-as-heads read the frames: q, k, v go there with ``Q`` and the heads' output
   comes back with ``Q^T`` (:class:`FourierFrameAttention`), the only transforms of a block besides the
   GELU's;
@@ -30,7 +31,8 @@ from torch import nn
 
 from eqvit.groups import FiniteGroup
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
-from eqvit.nn.fused import FrozenIrrepLayerNorm, FrozenSchurLinear
+from eqvit.nn.fused import FrozenIrrepLayerNorm
+from eqvit.nn.fused_schur import FourierSlabMlp, FrozenSchurLinear
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.base import PositionalScheme
@@ -98,7 +100,7 @@ class FourierFrameAttention(nn.Module):
         # The qkv convolution's output channel t C + c (q/k/v t) is C_out = 3C regular orbits.
         self.qkv = schur_from_conv(attn.qkv, basis, RegularBasis(group, 3 * C))
         self.proj = schur_from_conv(attn.proj, basis, basis)
-        like = self.proj.mat_0
+        like = self.proj.weight_0
         self.register_buffer("to_frames", _fixed(basis.q, like))
         self.register_buffer("from_frames", _fixed(basis.q.T, like))
         self.sdpa = attn.sdpa
@@ -120,21 +122,15 @@ class FourierFrameAttention(nn.Module):
         return self.proj(torch.matmul(self.from_frames, out).flatten(-2))
 
 
-class FourierMlp(nn.Module):
+def fourier_mlp(mlp: nn.Module, basis: RegularBasis) -> FourierSlabMlp:
     """A group-convolution MLP (:class:`~eqvit.nn.platonic.PlatonicMlp`) on Fourier coefficients:
-    Schur fc1, the GELU on the hidden frames (a strided :class:`FourierActivation`), Schur fc2."""
-
-    def __init__(self, mlp: nn.Module, basis: RegularBasis) -> None:
-        super().__init__()
-        hidden = RegularBasis(basis.ftype.group, mlp.fc1.out_channels)
-        self.in_type = self.out_type = basis.ftype
-        self.fc1 = schur_from_conv(mlp.fc1, basis, hidden)
-        like = self.fc1.mat_0
-        self.act = FourierActivation(hidden.ftype, hidden.basis, mlp.act).to(like.device, like.dtype)
-        self.fc2 = schur_from_conv(mlp.fc2, hidden, basis)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+    Schur fc1, the GELU on the hidden frames (the strided :class:`FourierActivation`), Schur fc2, run
+    as :class:`~eqvit.nn.fused_schur.FourierSlabMlp` (hidden features feature-major, in token chunks)."""
+    hidden = RegularBasis(basis.ftype.group, mlp.fc1.out_channels)
+    fc1 = schur_from_conv(mlp.fc1, basis, hidden)
+    like = fc1.weight_0
+    act = FourierActivation(hidden.ftype, hidden.basis, mlp.act).to(like.device, like.dtype)
+    return FourierSlabMlp(fc1, act, schur_from_conv(mlp.fc2, hidden, basis))
 
 
 class FramesReadout(nn.Module):

@@ -1,0 +1,400 @@
+"""Inference forms of the Schur (``components`` layout) layers: slabs of equal shape as one batched matmul.
+
+A Schur linear (:class:`~eqvit.nn.linear.IrrepLinear` with ``components`` types) is one small matmul per
+output slab: a real-type irrep contributes one slab per component (the components share the matrix),
+a complex or quaternionic one a single slab. Consecutive slabs of equal shape, e.g. the four 1-d irreps
+of D4 or the two components of its E irrep, sit at equal spacing in the token vector, so a *run* of
+them is one ``bmm`` on strided views, written straight into the output's column slabs
+(:func:`slab_runs`): two batched matmuls per linear for D4 and C4, no ``split`` and no ``cat``. On a CPU
+that also means fewer fresh hidden-sized tensors, whose first touch costs as much as a GELU.
+
+* :class:`FrozenSchurLinear`: the frozen linear itself, ``[..., in.dim] -> [..., out.dim]``.
+* :class:`FourierSlabMlp`: ``fc2 o FT sigma FT^-1 o fc1`` with a strided Fourier nonlinearity, its
+  hidden features *feature-major* ``H [s, n, T]`` (row r holds coefficient r of every copy): fc1 runs
+  write their rows as ``W x^T``, the transform and its inverse are one ``[s, s] @ [s, n T]`` GEMM
+  each, the GELU runs in place, fc2 runs read their rows transposed. Tokens go in chunks of
+  :data:`CHUNK_TOKENS`, so the two hidden buffers of a chunk stay in the cache.
+* :class:`SchurCoupledAttention`: coupled-head attention on Schur q/k/v/projection runs, heads laid
+  out for SDPA by one copy per run each way.
+
+Each computes the same function as the training layer it replaces (tests check every registered
+model in float64); :func:`eqvit.fuse` swaps them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from eqvit.nn.sdpa import ScaledDotProductAttention
+
+# Tokens per chunk of FourierSlabMlp: at ViT-B width (hidden 3072) a chunk's two hidden buffers are
+# 2 x 6 MB, at ViT-S 2 x 3 MB.
+CHUNK_TOKENS = 512
+
+
+class SlabRun(NamedTuple):
+    """``count`` consecutive Schur output slabs of equal shape, read from consecutive input slabs.
+
+    Output slab ``first + j`` is ``F.linear(x[..., in_start + j in_width : ...], W_j, b_j)``, written
+    at ``out_start + j out_width``; ``in_width == 0`` marks slabs with no input (zeros).
+    """
+
+    first: int
+    count: int
+    in_start: int
+    in_width: int
+    out_start: int
+    out_width: int
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    out = [0]
+    for size in sizes:
+        out.append(out[-1] + int(size))
+    return out
+
+
+def slab_runs(sizes: Sequence[int], terms: Sequence[tuple[int, int]], keys: Sequence | None = None) -> list[SlabRun]:
+    """Group the Schur plan ``terms`` (``(input slab or -1, output width)`` per output slab, the input
+    cut into ``sizes``) into runs of consecutive slabs with equal shapes (and equal ``keys``, if given)."""
+    in_offsets, runs, out_start = _offsets(sizes), [], 0
+    for t, (s, width) in enumerate(terms):
+        in_width = int(sizes[s]) if s >= 0 else 0
+        in_start = in_offsets[s] if s >= 0 else 0
+        last = runs[-1] if runs else None
+        joins = (
+            last is not None
+            and last.in_width == in_width
+            and last.out_width == width
+            and (in_width == 0 or terms[t - 1][0] == s - 1)
+            and (keys is None or keys[t] == keys[t - 1])
+        )
+        if joins:
+            runs[-1] = last._replace(count=last.count + 1)
+        else:
+            runs.append(SlabRun(t, 1, in_start, in_width, out_start, int(width)))
+        out_start += int(width)
+    return runs
+
+
+def _run_view(x: torch.Tensor, start: int, count: int, width: int) -> torch.Tensor:
+    """``x [T, dim] -> [count, T, width]``: the ``count`` column slabs from ``start``, as strided views."""
+    return x[:, start : start + count * width].unflatten(-1, (count, width)).transpose(0, 1)
+
+
+def _stack(mats: Sequence[torch.Tensor], run: SlabRun) -> torch.Tensor:
+    return torch.stack([mats[t] for t in range(run.first, run.first + run.count)]).detach().clone().contiguous()
+
+
+def _stack_bias(biases: Sequence[torch.Tensor | None], run: SlabRun, like: torch.Tensor) -> torch.Tensor | None:
+    """``[count, 1, out_width]`` (zeros for slabs without a bias), or None when no slab has one."""
+    parts = [biases[t] for t in range(run.first, run.first + run.count)]
+    if all(b is None for b in parts):
+        return None
+    return torch.stack([like.new_zeros(run.out_width) if b is None else b.detach() for b in parts])[:, None].clone()
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a fused layer computes in: autocast's inside an autocast region (its frozen weights are
+    cast per call, as autocast casts a module's parameters), else the input's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def _run_frozen(module: nn.Module, forward, x: torch.Tensor, *args) -> torch.Tensor:
+    """``forward(x, buffers, *args)`` in :func:`_compute_dtype`, the buffers cast to it, autocast off inside
+    (the ``out=`` matmuls write into tensors of that dtype)."""
+    dtype = _compute_dtype(x)
+    buffers = {
+        k: v if v is None or v.dtype == dtype or not v.is_floating_point() else v.to(dtype)
+        for k, v in module._buffers.items()
+    }
+    with torch.autocast(x.device.type, enabled=False):
+        return forward(x.to(dtype), buffers, *args)
+
+
+def _matmul_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """``out = x @ weight (+ bias)`` batched, writing into the (strided) view ``out``."""
+    if bias is None:
+        torch.bmm(x, weight, out=out)
+    else:
+        torch.baddbmm(bias, x, weight, out=out)
+
+
+class FrozenSchurLinear(nn.Module):
+    """:class:`~eqvit.nn.linear.IrrepLinear` in the ``components`` layout with its slab matrices fixed,
+    ``[..., in.dim] -> [..., out.dim]``: one batched matmul per run of equal slabs (:func:`slab_runs`),
+    written into the output's column slabs."""
+
+    def __init__(self, lin: nn.Module) -> None:
+        super().__init__()
+        self.in_type, self.out_type = lin.in_type, lin.out_type
+        self.sizes, self.terms = list(lin._in_sizes), list(lin._terms)
+        self.out_dim = sum(width for _, width in self.terms)
+        mats, biases = lin.schur_mats(), lin.schur_biases()
+        like = next(m for m in mats if m is not None)
+        self.runs = slab_runs(self.sizes, self.terms)
+        self.zero_runs = [r for r in self.runs if r.in_width == 0]
+        self.runs = [r for r in self.runs if r.in_width]
+        for n, run in enumerate(self.runs):
+            # Stored [count, in_width, out_width]: x [count, T, in] @ W.
+            self.register_buffer(f"weight_{n}", _stack(mats, run).transpose(1, 2))
+            bias = _stack_bias(biases, run, like)
+            self.register_buffer(f"bias_{n}", bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_type} -> {self.out_type}, runs={[r.count for r in self.runs]}"
+
+    def slab_matrix(self, t: int) -> torch.Tensor:
+        """The ``[out_width, in_width]`` matrix of output slab ``t`` (for other fused layers)."""
+        for n, run in enumerate(self.runs):
+            if run.first <= t < run.first + run.count:
+                return self._buffers[f"weight_{n}"][t - run.first].T
+        raise ValueError(f"output slab {t} of {self.out_type} has no input (a zero slab)")
+
+    def slab_bias(self, t: int) -> torch.Tensor | None:
+        """The ``[out_width]`` bias of output slab ``t``, or None."""
+        for n, run in enumerate(self.runs):
+            if run.first <= t < run.first + run.count:
+                bias = self._buffers[f"bias_{n}"]
+                return None if bias is None else bias[t - run.first, 0]
+        return None
+
+    def apply_to_slabs(self, slabs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The forward on an input already cut into its slabs."""
+        return self(torch.cat(list(slabs), dim=-1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in.dim] -> [..., out.dim]``."""
+        return _run_frozen(self, self._forward, x)
+
+    def _forward(self, x: torch.Tensor, buffers: dict) -> torch.Tensor:
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        out = flat.new_empty(flat.shape[0], self.out_dim)
+        for n, run in enumerate(self.runs):
+            _matmul_into(
+                _run_view(out, run.out_start, run.count, run.out_width),
+                _run_view(flat, run.in_start, run.count, run.in_width),
+                buffers[f"weight_{n}"],
+                buffers[f"bias_{n}"],
+            )
+        for run in self.zero_runs:
+            out[:, run.out_start : run.out_start + run.count * run.out_width].zero_()
+        return out.view(*lead, self.out_dim)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the Fourier MLP
+
+
+def _gelu_(module: FourierSlabMlp, values: torch.Tensor) -> None:
+    torch.ops.aten.gelu_(values, approximate=module.act.approximate)
+
+
+def _pointwise_(module: FourierSlabMlp, values: torch.Tensor) -> None:
+    values.copy_(module.act(values))
+
+
+def _rows(start: int, width: int, n: int, what: str) -> tuple[int, int]:
+    """The rows ``[r0, r1)`` of width ``n`` that the coordinates ``[start, start + width)`` fill."""
+    if start % n or width % n:
+        stop = start + width
+        raise ValueError(f"expected {what} to cover whole rows of {n} hidden coordinates, got [{start}, {stop})")
+    return start // n, (start + width) // n
+
+
+def fourier_slab_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
+    """Whether :class:`FourierSlabMlp` can take these layers: frozen Schur linears around a strided
+    Fourier nonlinearity, with no zero slabs."""
+    if not (isinstance(fc1, FrozenSchurLinear) and isinstance(fc2, FrozenSchurLinear)):
+        return False
+    return bool(getattr(act, "strided", False)) and not fc1.zero_runs and not fc2.zero_runs
+
+
+class FourierSlabMlp(nn.Module):
+    """``x [..., dim] -> fc2(FT sigma FT^-1 fc1(x)) [..., dim]`` with fixed weights, the hidden features
+    feature-major (see the module docstring).
+
+    Args:
+        fc1, fc2: :class:`FrozenSchurLinear` into and out of the hidden type.
+        act: the strided :class:`~eqvit.nn.activation.FourierActivation` on the hidden type.
+        chunk_tokens: tokens per chunk.
+    """
+
+    def __init__(self, fc1: nn.Module, act: nn.Module, fc2: nn.Module, chunk_tokens: int = CHUNK_TOKENS) -> None:
+        super().__init__()
+        if not fourier_slab_mlp_applies(fc1, act, fc2):
+            raise ValueError("expected frozen Schur linears around a strided FourierActivation, without zero slabs")
+        if chunk_tokens < 1:
+            raise ValueError(f"expected chunk_tokens >= 1, got {chunk_tokens}")
+        self.in_type, self.out_type = fc1.in_type, fc2.out_type
+        self.chunk_tokens = int(chunk_tokens)
+        self.num_rows = act.slab_inverse.shape[0]
+        self.row_width = n = fc1.out_dim // self.num_rows
+        self.register_buffer("to_values", act.slab_inverse.detach().clone().contiguous())
+        self.register_buffer("from_values", act.slab_forward.detach().clone().contiguous())
+        self.act = act.act
+        self._pointwise = _gelu_ if type(act.act) is nn.GELU else _pointwise_
+        # fc1 run: its output slabs are consecutive rows of H, [count, out_width, T] = W [count, out, in] @ x^T.
+        self.fc1_runs = [(run, *_rows(run.out_start, run.count * run.out_width, n, "fc1's output")) for run in fc1.runs]
+        for k in range(len(fc1.runs)):
+            self.register_buffer(f"w1_{k}", fc1._buffers[f"weight_{k}"].transpose(1, 2).contiguous())
+            bias = fc1._buffers[f"bias_{k}"]
+            self.register_buffer(f"b1_{k}", None if bias is None else bias.transpose(1, 2).contiguous())
+        # fc2 run: its input slabs are consecutive rows of H, read transposed: [count, T, in] @ W [count, in, out].
+        self.fc2_runs = [(run, *_rows(run.in_start, run.count * run.in_width, n, "fc2's input")) for run in fc2.runs]
+        for k in range(len(fc2.runs)):
+            self.register_buffer(f"w2_{k}", fc2._buffers[f"weight_{k}"].clone())
+            self.register_buffer(f"b2_{k}", fc2._buffers[f"bias_{k}"])
+        self.out_dim = fc2.out_dim
+
+    def extra_repr(self) -> str:
+        hidden = f"hidden {self.num_rows} x {self.row_width}"
+        return f"{self.in_type} -> {hidden} -> {self.out_type}, chunk={self.chunk_tokens}"
+
+    def _chunk(
+        self, x: torch.Tensor, hidden: torch.Tensor, values: torch.Tensor, out: torch.Tensor, buffers: dict
+    ) -> None:
+        """One chunk of T tokens: ``x [T, dim]`` -> ``out [T, out_dim]``, through ``hidden [s, n, T]`` and
+        ``values [s, n T]``."""
+        T = x.shape[0]
+        for k, (run, r0, r1) in enumerate(self.fc1_runs):
+            rows = hidden[r0:r1].view(run.count, run.out_width, T)
+            inputs = _run_view(x, run.in_start, run.count, run.in_width).transpose(1, 2)  # [count, in, T]
+            _matmul_into(rows, buffers[f"w1_{k}"], inputs, buffers[f"b1_{k}"])
+        flat = hidden.view(self.num_rows, -1)
+        torch.mm(buffers["to_values"], flat, out=values)
+        self._pointwise(self, values)
+        torch.mm(buffers["from_values"], values, out=flat)
+        for k, (run, r0, r1) in enumerate(self.fc2_runs):
+            inputs = hidden[r0:r1].view(run.count, run.in_width, T).transpose(1, 2)  # [count, T, in]
+            slabs = _run_view(out, run.out_start, run.count, run.out_width)
+            _matmul_into(slabs, inputs, buffers[f"w2_{k}"], buffers[f"b2_{k}"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., dim] -> [..., out_dim]``."""
+        return _run_frozen(self, self._forward, x)
+
+    def _forward(self, x: torch.Tensor, buffers: dict) -> torch.Tensor:
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        T, step = flat.shape[0], min(self.chunk_tokens, max(flat.shape[0], 1))
+        out = flat.new_empty(T, self.out_dim)
+        size = self.num_rows * self.row_width
+        hidden, values = flat.new_empty(size * step), flat.new_empty(size * step)
+        for start in range(0, T, step):
+            stop = min(T, start + step)
+            count = (stop - start) * size
+            self._chunk(
+                flat[start:stop],
+                hidden[:count].view(self.num_rows, self.row_width, stop - start),
+                values[:count].view(self.num_rows, -1),
+                out[start:stop],
+                buffers,
+            )
+        return out.view(*lead, self.out_dim)
+
+
+# ---------------------------------------------------------------------------------------------------
+# coupled attention
+
+
+def _head_order(d: int, heads: int, c: int) -> np.ndarray:
+    """Row permutation of one slab from storage order ``(component d, head, copy c)`` to ``(head, d, c)``."""
+    return np.arange(d * heads * c).reshape(d, heads, c).transpose(1, 0, 2).reshape(-1)
+
+
+def schur_coupled_attention_applies(attn: nn.Module) -> bool:
+    """An :class:`~eqvit.nn.irrep_attention.IrrepAttention` in the ``components`` layout with coupled
+    heads and no rotary scheme, whose q/k/v and projection have no zero slabs."""
+    from eqvit.nn.basis import NoRotary
+
+    if not (getattr(attn, "schur", False) and getattr(attn, "_slab_heads", None) is not None):
+        return False
+    return isinstance(attn.rotary, NoRotary) and all(s >= 0 for s, _ in attn._qkv_terms + attn.proj._terms)
+
+
+class SchurCoupledAttention(nn.Module):
+    """Coupled-head attention on ``components``-layout features with fixed Schur weights,
+    ``[B, N, dim] -> [B, N, dim]``.
+
+    q, k and v of a run of slabs are one batched matmul (rows ordered ``(q|k|v, head, component,
+    copy)``), copied into ``[T, 3, heads, D]`` (head dimension D: every slab's share of the head, slab
+    by slab); one SDPA call; each run of the projection reads its share of the heads' output (one copy)
+    and writes its output slabs directly. It is the frozen form of the coupled
+    :class:`~eqvit.nn.irrep_attention.IrrepAttention` (``schur_attend`` with ``slab_heads``).
+    """
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        if not schur_coupled_attention_applies(attn):
+            raise ValueError("expected a components-layout IrrepAttention with coupled heads and no rotary scheme")
+        self.in_type = self.out_type = attn.ftype
+        _, self.num_heads, self.head_dim = attn._groups[0]
+        h = self.num_heads
+        slab_heads = list(attn._slab_heads)  # (components d, copies per head c) per slab
+        share = [d * c for d, c in slab_heads]  # each slab's share of a head
+        head_offsets = _offsets(share)
+        mats, biases = attn.schur_qkv()
+        sizes = attn.q._in_sizes
+        # q/k/v runs: rows of every slab from (3, d, h, c) to (3, h, d, c).
+        self.qkv_runs = slab_runs(sizes, attn._qkv_terms, keys=slab_heads)
+        self._qkv_heads: list[tuple[int, int]] = []  # (head offset, share) per run
+        like = mats[0]
+        for k, run in enumerate(self.qkv_runs):
+            d, c = slab_heads[run.first]
+            order = torch.from_numpy(np.concatenate([q * d * h * c + _head_order(d, h, c) for q in range(3)]))
+            weight = _stack(mats, run)[:, order]  # [count, 3 h d c, in]
+            bias = _stack_bias(biases, run, like)
+            self.register_buffer(f"qkv_weight_{k}", weight.transpose(1, 2).contiguous())
+            self.register_buffer(f"qkv_bias_{k}", None if bias is None else bias[:, :, order].contiguous())
+            self._qkv_heads.append((head_offsets[run.first], d * c))
+        # Projection runs: input columns of every slab from (d, h, c) to (h, d, c).
+        proj = attn.proj
+        proj_mats, proj_biases = proj.schur_mats(), proj.schur_biases()
+        self.proj_runs = slab_runs(proj._in_sizes, proj._terms, keys=[slab_heads[s] for s, _ in proj._terms])
+        self._proj_heads: list[tuple[int, int]] = []
+        for k, run in enumerate(self.proj_runs):
+            d, c = slab_heads[proj._terms[run.first][0]]
+            order = torch.from_numpy(_head_order(d, h, c))
+            weight = _stack(proj_mats, run)[:, :, order]  # [count, out, h d c]
+            self.register_buffer(f"proj_weight_{k}", weight.transpose(1, 2).contiguous())
+            self.register_buffer(f"proj_bias_{k}", _stack_bias(proj_biases, run, like))
+            self._proj_heads.append((head_offsets[proj._terms[run.first][0]], d * c))
+        self.sdpa = ScaledDotProductAttention(0.0, attn.fused)
+        self.dim = attn.ftype.dim
+
+    def extra_repr(self) -> str:
+        return f"{self.num_heads} coupled heads of {self.head_dim}, runs={[r.count for r in self.qkv_runs]}"
+
+    def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """``x [B, N, dim] -> [B, N, dim]`` (no rotary scheme: ``rope`` is not used)."""
+        return _run_frozen(self, self._forward, x)
+
+    def _forward(self, x: torch.Tensor, buffers: dict) -> torch.Tensor:
+        B, N, _ = x.shape
+        h, D = self.num_heads, self.head_dim
+        flat = x.reshape(B * N, self.dim)
+        qkv = flat.new_empty(B * N, 3, h, D)
+        for k, (run, (offset, share)) in enumerate(zip(self.qkv_runs, self._qkv_heads)):
+            slabs = _run_view(flat, run.in_start, run.count, run.in_width)
+            bias, weight = buffers[f"qkv_bias_{k}"], buffers[f"qkv_weight_{k}"]
+            out = torch.bmm(slabs, weight) if bias is None else torch.baddbmm(bias, slabs, weight)
+            # [count, T, (3, h, share)] -> its share of every head, slab by slab.
+            target = qkv[..., offset : offset + run.count * share].unflatten(-1, (run.count, share))
+            target.copy_(out.view(run.count, B * N, 3, h, share).permute(1, 2, 3, 0, 4))
+        q, k, v = (qkv[:, i].view(B, N, h, D).transpose(1, 2) for i in range(3))
+        heads = self.sdpa(q, k, v).transpose(1, 2).reshape(B * N, h, D)
+        out = flat.new_empty(B * N, self.dim)
+        for k, (run, (offset, share)) in enumerate(zip(self.proj_runs, self._proj_heads)):
+            inputs = heads[..., offset : offset + run.count * share].unflatten(-1, (run.count, share))
+            inputs = inputs.permute(2, 0, 1, 3).reshape(run.count, B * N, h * share)  # one copy
+            target = _run_view(out, run.out_start, run.count, run.out_width)
+            _matmul_into(target, inputs, buffers[f"proj_weight_{k}"], buffers[f"proj_bias_{k}"])
+        return out.view(B, N, self.dim)
