@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from eqvit.groups import get_group
+from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.posenc.frame_rope import FrameRoPE
 
 
@@ -46,3 +47,32 @@ def test_heads_major_rotation_is_in_place_on_a_permuted_qkv_view():
     torch.testing.assert_close(qkv[2], before[2])  # v untouched
     q_ref = rope.rotate_qk_tokens(before[0].transpose(1, 2), before[1].transpose(1, 2))[0].transpose(1, 2)
     torch.testing.assert_close(qkv[0], q_ref)
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["fixed-positions", "bound-per-batch"])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_frames_major_rotation_matches_the_reference(bound, prefix):
+    """``[G, B, N, 2, H, D]`` (the Fourier-basis attention of eqvit.fuse): in place, in one op, like the
+    token-major reference; the generic fallback of the base class agrees too."""
+    group = get_group("D4")
+    G, B, N, heads, D = group.order, 2, 5, 2, 6
+    g = torch.Generator().manual_seed(1)
+    positions = torch.randn(N - prefix, 2, generator=g, dtype=torch.float64)
+    if bound:
+        rope = FrameRoPE(group, heads, D).double().bind(positions.expand(B, -1, -1))
+    else:
+        rope = FrameRoPE(group, heads, D, positions=positions).double()
+    frames = torch.randn(G, B, N, 3, heads, D, generator=g, dtype=torch.float64)
+    tokens = frames.permute(1, 2, 3, 0, 4, 5).reshape(B, N, 3, G * heads, D)  # frame j's heads: j H .. j H + H - 1
+    q_ref, k_ref = rope.rotate_qk_tokens(tokens[:, :, 0], tokens[:, :, 1], prefix)
+    rotated = frames.clone()
+    out = rope.rotate_qk_frames_(rotated[:, :, :, :2], prefix)
+    assert out.data_ptr() == rotated.data_ptr()
+    as_tokens = rotated.permute(1, 2, 3, 0, 4, 5).reshape(B, N, 3, G * heads, D)
+    torch.testing.assert_close(as_tokens[:, :, 0], q_ref, rtol=0, atol=1e-14)
+    torch.testing.assert_close(as_tokens[:, :, 1], k_ref, rtol=0, atol=1e-14)
+    torch.testing.assert_close(rotated[:, :, :, 2], frames[:, :, :, 2])  # v untouched
+    assert not torch.allclose(rotated[:, :, prefix:, :2], frames[:, :, prefix:, :2])  # it does rotate
+    fallback = frames.clone()
+    PositionalScheme.rotate_qk_frames_(rope, fallback[:, :, :, :2], prefix)  # through the token-major layout
+    torch.testing.assert_close(fallback, rotated, rtol=0, atol=1e-14)

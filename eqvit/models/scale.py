@@ -15,8 +15,11 @@ norms stay in the irrep basis (:mod:`eqvit.nn.linear`, :mod:`eqvit.nn.activation
   representation), 8 coupled heads of 48 (6 heads do not divide the 32 copies), depth 12, MLP ratio 4.
 
 The Platonic image models (D4 frames on square images, frames as heads, frame RoPE) take ViT-S/B
-widths: ``platonic_d4_small_patch16_224`` (384 = 8 frames x 48 channels, 6 heads per frame),
-``platonic_d4_base_patch16_224`` (768 = 8 x 96, 12 heads per frame).
+widths: ``platonic_d4_small_patch16_224`` (384 = 8 frames x 48 channels, one head per frame: 8 heads
+of 48), ``platonic_d4_base_patch16_224`` (768 = 8 x 96, two heads per frame: 16 heads of 48). As in
+the Platonic seed (Sec. 3, "we match the computational cost ... by equating our group-based parallelism
+with standard multi-head attention"), the frames are heads: |G| x heads per frame is timm's head count
+(6 for ViT-S, 12 for ViT-B) over |G| = 8, rounded, so a head keeps a size near timm's 64.
 
 Every entry point has a ``*_tiny`` twin (``<family>_tiny`` with the same group, grid and layout at
 test size) so that the generic registry tests run each family. ``pretrained_cfg`` carries timm's
@@ -108,13 +111,13 @@ def o2vit_d6_small_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantV
     return _o2("o2vit_d6_small_tiny", args, dict(pretrained=pretrained, **kwargs))
 
 
-_PLAT_S = dict(img_size=224, patch_size=16, embed_dim=384, num_heads=6, depth=12, mlp_ratio=4.0, num_classes=1000)
-_PLAT_TINY = dict(img_size=8, patch_size=2, embed_dim=64, num_heads=2, depth=2, mlp_ratio=2.0, num_classes=5)
+_PLAT_S = dict(img_size=224, patch_size=16, embed_dim=384, num_heads=1, depth=12, mlp_ratio=4.0, num_classes=1000)
+_PLAT_TINY = dict(img_size=8, patch_size=2, embed_dim=64, num_heads=1, depth=2, mlp_ratio=2.0, num_classes=5)
 
 
 @register_model
 def platonic_d4_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    """Platonic D4 image ViT-S/16: 8 frames x 48 channels (384), 6 heads per frame, depth 12."""
+    """Platonic D4 image ViT-S/16: 8 frames x 48 channels (384), one head per frame (8 heads of 48), depth 12."""
     return _plat("platonic_d4_small_patch16_224", _PLAT_S, dict(pretrained=pretrained, **kwargs))
 
 
@@ -126,13 +129,13 @@ def platonic_d4_small_patch16_tiny(pretrained: bool = False, **kwargs: Any) -> E
 
 @register_model
 def platonic_d4_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    """Platonic D4 image ViT-B/16: 8 frames x 96 channels (768), 12 heads per frame, depth 12."""
-    args = dict(_PLAT_S, embed_dim=768, num_heads=12)
+    """Platonic D4 image ViT-B/16: 8 frames x 96 channels (768), two heads per frame (16 heads of 48), depth 12."""
+    args = dict(_PLAT_S, embed_dim=768, num_heads=2)
     return _plat("platonic_d4_base_patch16_224", args, dict(pretrained=pretrained, **kwargs))
 
 
 @register_model
 def platonic_d4_base_patch16_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    """Test twin of ``platonic_d4_base_patch16_224``: 8 x 16 channels, 4 heads per frame, depth 2."""
-    args = dict(_PLAT_TINY, embed_dim=128, num_heads=4)
+    """Test twin of ``platonic_d4_base_patch16_224``: 8 x 16 channels, 2 heads per frame, depth 2."""
+    args = dict(_PLAT_TINY, embed_dim=128, num_heads=2)
     return _plat("platonic_d4_base_patch16_tiny", args, dict(pretrained=pretrained, **kwargs))

@@ -32,7 +32,7 @@ from torch import nn
 from eqvit.groups import FiniteGroup
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.fused import FrozenIrrepLayerNorm
-from eqvit.nn.fused_schur import FourierSlabMlp, FrozenSchurLinear
+from eqvit.nn.fused_schur import FourierSlabMlp, FrozenSchurLinear, matmul_into, run_frozen, run_view
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.base import PositionalScheme
@@ -88,8 +88,15 @@ def _fixed(matrix: np.ndarray, like: torch.Tensor) -> torch.Tensor:
 
 class FourierFrameAttention(nn.Module):
     """Frames-as-heads attention (:class:`~eqvit.nn.platonic.PlatonicAttention`, ``scores="frames"``,
-    no q/k-norm) on Fourier coefficients ``[B, N, |G| C] -> [B, N, |G| C]``: Schur qkv, q/k/v to the
-    frames (``Q``), frame RoPE and ``|G| H`` heads of SDPA, the output back (``Q^T``), Schur projection."""
+    no q/k-norm) on Fourier coefficients ``[B, N, |G| C] -> [B, N, |G| C]``.
+
+    The Schur q/k/v runs write coefficient rows ``R [|G|, T, 3C]`` (row s: coefficient s of every
+    channel, for all T tokens); one GEMM ``Q @ R`` puts them on the frames, where frame RoPE rotates q
+    and k in place and SDPA reads them as ``[|G| B, H, N, D]`` views (frames and samples share the
+    batch axis, no copy); the heads' output, ``[|G|, T, C]`` as SDPA lays it out, goes back with one GEMM
+    ``Q^T @``, and the Schur projection runs read its rows. A slab of ``k`` rows (E of D4) is split into
+    ``k`` matmuls of one row each (the q/k/v side) or accumulated over its ``k`` rows (the projection).
+    """
 
     def __init__(self, attn: nn.Module, basis: RegularBasis) -> None:
         super().__init__()
@@ -97,12 +104,39 @@ class FourierFrameAttention(nn.Module):
         group = basis.ftype.group
         self.order, self.channels, self.num_heads, self.head_dim = G, C, attn.num_heads, attn.head_dim
         self.in_type = self.out_type = basis.ftype
+        self.dim = G * C
         # The qkv convolution's output channel t C + c (q/k/v t) is C_out = 3C regular orbits.
-        self.qkv = schur_from_conv(attn.qkv, basis, RegularBasis(group, 3 * C))
-        self.proj = schur_from_conv(attn.proj, basis, basis)
-        like = self.proj.weight_0
+        qkv = schur_from_conv(attn.qkv, basis, RegularBasis(group, 3 * C))
+        proj = schur_from_conv(attn.proj, basis, basis)
+        if qkv.zero_runs or proj.zero_runs:
+            raise ValueError(f"expected every irrep of {group.name} in the regular Fourier basis, some are missing")
+        like = proj.weight_0
         self.register_buffer("to_frames", _fixed(basis.q, like))
         self.register_buffer("from_frames", _fixed(basis.q.T, like))
+        # q/k/v: (input start, slabs, input width, first row, row step) per matmul; output rows of width 3C.
+        self.qkv_plan: list[tuple[int, int, int, int, int]] = []
+        for n, run in enumerate(qkv.runs):
+            rows = _slab_rows(run.out_start, run.out_width, 3 * C)
+            weight, bias = qkv._buffers[f"weight_{n}"], qkv._buffers[f"bias_{n}"]
+            for j in range(rows):
+                cols = slice(j * 3 * C, (j + 1) * 3 * C)
+                self.register_buffer(f"qkv_weight_{len(self.qkv_plan)}", weight[:, :, cols].contiguous())
+                self.register_buffer(f"qkv_bias_{len(self.qkv_plan)}", None if bias is None else bias[:, :, cols])
+                self.qkv_plan.append((run.in_start, run.count, run.in_width, run.out_start // (3 * C) + j, rows))
+        # Projection: (first row, row step, slabs, output start, output width) per matmul over input rows of
+        # width C; the first row of each run writes its slabs (with the bias), the others accumulate.
+        self.proj_first: list[tuple[int, int, int, int, int]] = []
+        self.proj_rest: list[tuple[int, int, int, int, int]] = []
+        for n, run in enumerate(proj.runs):
+            rows = _slab_rows(run.in_start, run.in_width, C)
+            weight, bias = proj._buffers[f"weight_{n}"], proj._buffers[f"bias_{n}"]
+            for j in range(rows):
+                entry = (run.in_start // C + j, rows, run.count, run.out_start, run.out_width)
+                plan, name = (self.proj_first, "first") if j == 0 else (self.proj_rest, "rest")
+                self.register_buffer(f"proj_{name}_weight_{len(plan)}", weight[:, j * C : (j + 1) * C].contiguous())
+                if j == 0:
+                    self.register_buffer(f"proj_first_bias_{len(plan)}", bias)
+                plan.append(entry)
         self.sdpa = attn.sdpa
 
     def extra_repr(self) -> str:
@@ -112,14 +146,40 @@ class FourierFrameAttention(nn.Module):
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
     ) -> torch.Tensor:
         """``x [B, N, |G| C] -> [B, N, |G| C]`` (Fourier coefficients)."""
+        return run_frozen(self, self._forward, x, rope, num_prefix_tokens)
+
+    def _forward(self, x: torch.Tensor, buffers: dict, rope: PositionalScheme | None, num_prefix_tokens: int):
         B, N, _ = x.shape
-        G, C, H, D = self.order, self.channels, self.num_heads, self.head_dim
-        frames = torch.matmul(self.to_frames, self.qkv(x).view(B, N, G, 3 * C))  # [B, N, G, (3, C)]
-        qkv = frames.view(B, N, G, 3, H, D).permute(3, 0, 2, 4, 1, 5).reshape(3, B, G * H, N, D)
-        if rope is not None:  # frame RoPE on q and k in place (qkv is this call's own tensor)
-            rope.rotate_qk_heads_(qkv[:2], num_prefix_tokens)
-        out = self.sdpa(*qkv.unbind(0)).transpose(1, 2).reshape(B, N, G, C)  # frames-major
-        return self.proj(torch.matmul(self.from_frames, out).flatten(-2))
+        G, C, H, D, T = self.order, self.channels, self.num_heads, self.head_dim, B * N
+        flat = x.reshape(T, self.dim)
+        rows = flat.new_empty(G, T, 3 * C)
+        for m, (start, count, width, row, step) in enumerate(self.qkv_plan):
+            target = rows[row : row + count * step : step]
+            matmul_into(
+                target, run_view(flat, start, count, width), buffers[f"qkv_weight_{m}"], buffers[f"qkv_bias_{m}"]
+            )
+        frames = torch.mm(buffers["to_frames"], rows.view(G, -1)).view(G, B, N, 3, H, D)
+        if rope is not None:  # frame RoPE on q and k in place (frames is this call's own tensor)
+            rope.rotate_qk_frames_(frames[:, :, :, :2], num_prefix_tokens)
+        q, k, v = (frames[:, :, :, i].transpose(2, 3).reshape(G * B, H, N, D) for i in range(3))
+        heads = self.sdpa(q, k, v).transpose(1, 2).reshape(G, T * C)  # [G B, N, H, D] as SDPA lays it out
+        back = torch.mm(buffers["from_frames"], heads).view(G, T, C)
+        out = flat.new_empty(T, self.dim)
+        for m, (row, step, count, start, width) in enumerate(self.proj_first):
+            target, inputs = run_view(out, start, count, width), back[row : row + count * step : step]
+            matmul_into(target, inputs, buffers[f"proj_first_weight_{m}"], buffers[f"proj_first_bias_{m}"])
+        for m, (row, step, count, start, width) in enumerate(self.proj_rest):
+            run_view(out, start, count, width).baddbmm_(
+                back[row : row + count * step : step], buffers[f"proj_rest_weight_{m}"]
+            )
+        return out.view(B, N, self.dim)
+
+
+def _slab_rows(start: int, width: int, row: int) -> int:
+    """Rows of width ``row`` in a slab ``[start, start + width)``; ValueError unless it is made of whole rows."""
+    if start % row or width % row:
+        raise ValueError(f"expected slabs of whole rows of {row} coefficients, got [{start}, {start + width})")
+    return width // row
 
 
 def fourier_mlp(mlp: nn.Module, basis: RegularBasis) -> FourierSlabMlp:

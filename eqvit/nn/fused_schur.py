@@ -82,7 +82,7 @@ def slab_runs(sizes: Sequence[int], terms: Sequence[tuple[int, int]], keys: Sequ
     return runs
 
 
-def _run_view(x: torch.Tensor, start: int, count: int, width: int) -> torch.Tensor:
+def run_view(x: torch.Tensor, start: int, count: int, width: int) -> torch.Tensor:
     """``x [T, dim] -> [count, T, width]``: the ``count`` column slabs from ``start``, as strided views."""
     return x[:, start : start + count * width].unflatten(-1, (count, width)).transpose(0, 1)
 
@@ -106,7 +106,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
-def _run_frozen(module: nn.Module, forward, x: torch.Tensor, *args) -> torch.Tensor:
+def run_frozen(module: nn.Module, forward, x: torch.Tensor, *args) -> torch.Tensor:
     """``forward(x, buffers, *args)`` in :func:`_compute_dtype`, the buffers cast to it, autocast off inside
     (the ``out=`` matmuls write into tensors of that dtype)."""
     dtype = _compute_dtype(x)
@@ -118,7 +118,7 @@ def _run_frozen(module: nn.Module, forward, x: torch.Tensor, *args) -> torch.Ten
         return forward(x.to(dtype), buffers, *args)
 
 
-def _matmul_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+def matmul_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     """``out = x @ weight (+ bias)`` batched, writing into the (strided) view ``out``."""
     if bias is None:
         torch.bmm(x, weight, out=out)
@@ -171,16 +171,16 @@ class FrozenSchurLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in.dim] -> [..., out.dim]``."""
-        return _run_frozen(self, self._forward, x)
+        return run_frozen(self, self._forward, x)
 
     def _forward(self, x: torch.Tensor, buffers: dict) -> torch.Tensor:
         lead = x.shape[:-1]
         flat = x.reshape(-1, x.shape[-1])
         out = flat.new_empty(flat.shape[0], self.out_dim)
         for n, run in enumerate(self.runs):
-            _matmul_into(
-                _run_view(out, run.out_start, run.count, run.out_width),
-                _run_view(flat, run.in_start, run.count, run.in_width),
+            matmul_into(
+                run_view(out, run.out_start, run.count, run.out_width),
+                run_view(flat, run.in_start, run.count, run.in_width),
                 buffers[f"weight_{n}"],
                 buffers[f"bias_{n}"],
             )
@@ -266,20 +266,20 @@ class FourierSlabMlp(nn.Module):
         T = x.shape[0]
         for k, (run, r0, r1) in enumerate(self.fc1_runs):
             rows = hidden[r0:r1].view(run.count, run.out_width, T)
-            inputs = _run_view(x, run.in_start, run.count, run.in_width).transpose(1, 2)  # [count, in, T]
-            _matmul_into(rows, buffers[f"w1_{k}"], inputs, buffers[f"b1_{k}"])
+            inputs = run_view(x, run.in_start, run.count, run.in_width).transpose(1, 2)  # [count, in, T]
+            matmul_into(rows, buffers[f"w1_{k}"], inputs, buffers[f"b1_{k}"])
         flat = hidden.view(self.num_rows, -1)
         torch.mm(buffers["to_values"], flat, out=values)
         self._pointwise(self, values)
         torch.mm(buffers["from_values"], values, out=flat)
         for k, (run, r0, r1) in enumerate(self.fc2_runs):
             inputs = hidden[r0:r1].view(run.count, run.in_width, T).transpose(1, 2)  # [count, T, in]
-            slabs = _run_view(out, run.out_start, run.count, run.out_width)
-            _matmul_into(slabs, inputs, buffers[f"w2_{k}"], buffers[f"b2_{k}"])
+            slabs = run_view(out, run.out_start, run.count, run.out_width)
+            matmul_into(slabs, inputs, buffers[f"w2_{k}"], buffers[f"b2_{k}"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., dim] -> [..., out_dim]``."""
-        return _run_frozen(self, self._forward, x)
+        return run_frozen(self, self._forward, x)
 
     def _forward(self, x: torch.Tensor, buffers: dict) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -375,7 +375,7 @@ class SchurCoupledAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]`` (no rotary scheme: ``rope`` is not used)."""
-        return _run_frozen(self, self._forward, x)
+        return run_frozen(self, self._forward, x)
 
     def _forward(self, x: torch.Tensor, buffers: dict) -> torch.Tensor:
         B, N, _ = x.shape
@@ -383,7 +383,7 @@ class SchurCoupledAttention(nn.Module):
         flat = x.reshape(B * N, self.dim)
         qkv = flat.new_empty(B * N, 3, h, D)
         for k, (run, (offset, share)) in enumerate(zip(self.qkv_runs, self._qkv_heads)):
-            slabs = _run_view(flat, run.in_start, run.count, run.in_width)
+            slabs = run_view(flat, run.in_start, run.count, run.in_width)
             bias, weight = buffers[f"qkv_bias_{k}"], buffers[f"qkv_weight_{k}"]
             out = torch.bmm(slabs, weight) if bias is None else torch.baddbmm(bias, slabs, weight)
             # [count, T, (3, h, share)] -> its share of every head, slab by slab.
@@ -395,6 +395,6 @@ class SchurCoupledAttention(nn.Module):
         for k, (run, (offset, share)) in enumerate(zip(self.proj_runs, self._proj_heads)):
             inputs = heads[..., offset : offset + run.count * share].unflatten(-1, (run.count, share))
             inputs = inputs.permute(2, 0, 1, 3).reshape(run.count, B * N, h * share)  # one copy
-            target = _run_view(out, run.out_start, run.count, run.out_width)
-            _matmul_into(target, inputs, buffers[f"proj_weight_{k}"], buffers[f"proj_bias_{k}"])
+            target = run_view(out, run.out_start, run.count, run.out_width)
+            matmul_into(target, inputs, buffers[f"proj_weight_{k}"], buffers[f"proj_bias_{k}"])
         return out.view(B, N, self.dim)

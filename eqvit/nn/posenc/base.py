@@ -60,6 +60,15 @@ class PositionalScheme(nn.Module):
         q, k = self.rotate_qk(qk[0], qk[1], num_prefix_tokens)
         return qk.copy_(torch.stack([q, k]))
 
+    def rotate_qk_frames_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """:meth:`rotate_qk_stacked_` in place on frames-major ``qk [G, B, N, 2, H, D]`` (frame j's heads are
+        ``j H .. j H + H - 1``; the layout of the Fourier-basis Platonic attention, eqvit.fuse). Returns ``qk``.
+        Frame schemes rotate it in one op; the default goes through the token-major layout (a copy)."""
+        G, B, N, _, H, D = qk.shape
+        stacked = qk.permute(1, 2, 3, 0, 4, 5).reshape(B, N, 2, G * H, D)
+        rotated = self.rotate_qk_stacked_(stacked, num_prefix_tokens)
+        return qk.copy_(rotated.view(B, N, 2, G, H, D).permute(3, 0, 1, 2, 4, 5))
+
 
 class NoPositionalEncoding(PositionalScheme):
     """No positional information: attention is permutation equivariant."""

@@ -169,6 +169,9 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
     def rotate_qk_heads_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         return _rotate_heads_(qk, self.rotation_table(), num_prefix_tokens)
 
+    def rotate_qk_frames_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        return _rotate_frames_(qk, self.rotation_table(), num_prefix_tokens)
+
     def rotation_table(self) -> torch.Tensor:
         """(cos, sin) per channel pair at the fixed positions, ``[N, G * H, D/2, 2]`` (the buffer when the
         frequencies are fixed, recomputed when they are learned)."""
@@ -204,6 +207,9 @@ class BoundFrameRoPE(PositionalScheme):
     def rotate_qk_heads_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         return _rotate_heads_(qk, self.rotation, num_prefix_tokens)
 
+    def rotate_qk_frames_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        return _rotate_frames_(qk, self.rotation, num_prefix_tokens)
+
 
 def _rotate_stacked_(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     """Rotate ``qk [B, N, 2, G * H, D]`` (q and k stacked) in place in one op; prefix tokens stay as
@@ -217,6 +223,18 @@ def _rotate_heads_(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: 
     permute) in place in one op; prefix tokens stay as they are. ``rotation [..., N', G * H, D/2, 2]``
     is read with its token and head axes swapped (a view). Returns ``qk``."""
     rotate_pairs_(qk[..., num_prefix_tokens:, :], rotation.transpose(-3, -4))
+    return qk
+
+
+def _rotate_frames_(qk: torch.Tensor, rotation: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """Rotate frames-major ``qk [G, B, N, 2, H, D]`` in place in one op; prefix tokens stay as they are.
+    ``rotation [N', G * H, D/2, 2]`` (fixed positions) or ``[B, N', G * H, D/2, 2]`` is viewed as
+    ``[G, B or 1, N', 1, H, D/2, 2]``. Returns ``qk``."""
+    G, H = qk.shape[0], qk.shape[4]
+    rotation = rotation.unflatten(-3, (G, H)).movedim(-4, 0)  # [G, (B,) N', H, D/2, 2]
+    if rotation.ndim == 5:
+        rotation = rotation.unsqueeze(1)
+    rotate_pairs_(qk[:, :, num_prefix_tokens:], rotation.unsqueeze(3))
     return qk
 
 
