@@ -174,6 +174,17 @@ def test_tiny_twin_fp32_invariance_and_fuse(name):
         torch.testing.assert_close(eqvit.fuse(model)(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+def test_training_memory_counts_parameters_and_adamw_state():
+    from eqvit.bench.scale_speed import training_memory_mb
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10))
+    params = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    x, target = torch.randn(4, 256), torch.randint(0, 10, (4,))
+    total = training_memory_mb(model, x, target)
+    # parameters, two AdamW moments and the gradients at least; AdamW's per-parameter temporaries at most
+    assert 4 * params <= total <= 6 * params + 1
+
+
 def test_scale_speed_quick(tmp_path, capsys):
     from eqvit.bench.scale_speed import main
 
@@ -185,5 +196,7 @@ def test_scale_speed_quick(tmp_path, capsys):
     assert info["eqvit_d4"]["flops_ratio"] < 0.35  # the Schur linears, even at depth 2 and 16 tokens
     assert info["eqvit_d4"]["invariance_fp32"] < 1e-4
     assert result["sizes"]["small"]["training"]["models"]["eqvit_d4"]["ratio"] > 0
+    for m in result["sizes"]["small"]["training"]["models"].values():  # the total holds parameters and AdamW state
+        assert m["training_memory_mb"] > m["peak_allocated_mb"]
     printed = capsys.readouterr().out
     assert "skipped octic" in printed and "FLOPs / timm" in printed

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 
 class _LiveStorages(TorchDispatchMode):
@@ -25,12 +26,18 @@ class _LiveStorages(TorchDispatchMode):
         self._live: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        # An op's output that shares an input's storage (in-place and out= ops, views) is no allocation:
+        # the parameters and optimizer state updated in place existed before the call.
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
                 key = storage.data_ptr()
-                if key and key not in self._live:  # a new storage (views share their base's)
+                if key and key not in self._live and key not in inputs:  # a new storage
                     self._live.add(key)
                     self.current += storage.nbytes()
                     weakref.finalize(storage, self._free, key, storage.nbytes())

@@ -25,7 +25,10 @@ forwards, ratio to timm) and its peak memory (the rise of the process' peak resi
 step: ``/proc/self/clear_refs`` resets the high-water mark after ``malloc_trim``; Linux only, else
 not measured) and the peak allocated tensor memory of the step (:func:`eqvit.bench._memory.peak_allocated_mb`,
 the CPU analogue of ``torch.cuda.max_memory_allocated``, independent of the C allocator).
-``os.getloadavg()`` is recorded before and after each measurement.
+Memory of training, two ways: the step's own peak (activations and gradients: "allocated"), and the
+whole iteration's peak that ``torch.cuda.max_memory_allocated`` reports on a GPU ("total": parameters
+and AdamW state, which live across steps, plus the peak of forward, backward and the optimizer update;
+:func:`training_memory_mb`). ``os.getloadavg()`` is recorded before and after each measurement.
 
 Usage: ``python benchmarks/scale_speed.py [--sizes small base] [--batches 1 8] [--threads 1 2]
 [--rounds N] [--models eqvit_d4 platonic_d4 octic] [--quick]`` (``--models``: the rows timed beside
@@ -201,6 +204,29 @@ def train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> Calla
     return step
 
 
+def tensor_mb(tensors) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+def training_memory_mb(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> float:
+    """Peak tensor memory of a whole training iteration, what ``torch.cuda.max_memory_allocated`` reports
+    for one on a GPU: the parameters and the AdamW state (two moments per parameter, created by a first
+    step) that live across steps, plus the peak of one step's forward, backward and optimizer update."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), target).backward()
+        optimizer.step()
+
+    step()  # creates the optimizer state
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    resident = tensor_mb(model.parameters()) + tensor_mb(state)
+    peak = peak_allocated_mb(step)
+    model.zero_grad(set_to_none=True)
+    return resident + peak
+
+
 # ----------------------------------------------------------------------------------------- driver
 def run(args: argparse.Namespace) -> dict:
     octic_pkg = None if args.no_octic else load_octic(Path(args.octic))
@@ -254,12 +280,15 @@ def run(args: argparse.Namespace) -> dict:
             for n, step in steps.items():
                 training["models"][n]["peak_mb"] = peak_step_mb(step)
                 training["models"][n]["peak_allocated_mb"] = peak_allocated_mb(step)
+                training["models"][n]["training_memory_mb"] = training_memory_mb(built[n][0], xb, target)
             timm_peak = training["models"]["timm"]["peak_mb"]
             timm_alloc = training["models"]["timm"]["peak_allocated_mb"]
+            timm_total = training["models"]["timm"]["training_memory_mb"]
             for n in steps:
-                peak = training["models"][n]["peak_mb"]
-                training["models"][n]["peak_ratio"] = None if not (peak and timm_peak) else peak / timm_peak
-                training["models"][n]["peak_allocated_ratio"] = training["models"][n]["peak_allocated_mb"] / timm_alloc
+                m = training["models"][n]
+                m["peak_ratio"] = None if not (m["peak_mb"] and timm_peak) else m["peak_mb"] / timm_peak
+                m["peak_allocated_ratio"] = m["peak_allocated_mb"] / timm_alloc
+                m["training_memory_ratio"] = m["training_memory_mb"] / timm_total
         out["sizes"][size] = dict(info=info, forward=forward, training=training)
         del built
     return out
@@ -302,6 +331,13 @@ def table(result: dict) -> str:
                 f"{'train allocated MiB (/timm)':28s}"
                 + "".join(
                     f"{m['peak_allocated_mb']:7.0f} ({m['peak_allocated_ratio']:.2f})".rjust(14)
+                    for m in (t["models"][n] for n in names)
+                )
+            )
+            lines.append(
+                f"{'train total MiB (/timm)':28s}"
+                + "".join(
+                    f"{m['training_memory_mb']:7.0f} ({m['training_memory_ratio']:.2f})".rjust(14)
                     for m in (t["models"][n] for n in names)
                 )
             )

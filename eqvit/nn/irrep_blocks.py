@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eqvit.nn.activation import FourierActivation
+from eqvit.nn.activation import FourierActivation, gelu_then_schur
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_attention import IrrepAttention
@@ -24,7 +24,9 @@ class IrrepMlp(nn.Module):
 
     Two forwards, chosen at construction. With ``components``-layout types (Schur linears) it is
     ``fc2(act(fc1(x)))``: block matmuls, and the transforms as one small ``[|X_s|, |X_s|]`` matmul per
-    token and orbit around the GELU (:class:`FourierActivation`), so the linears stay block-sparse.
+    token and orbit around the GELU (:class:`FourierActivation`), so the linears stay block-sparse; for
+    the GELU the last two run as :func:`~eqvit.nn.activation.gelu_then_schur`, which keeps one
+    hidden-sized tensor for backward instead of two.
     Otherwise it folds the Fourier transforms into the linear maps (:meth:`FourierActivation.fold`):
     ``W1' = FT^-1 W1``, ``W2' = W2 FT``, exactly a dense MLP of hidden width |X| with the pointwise
     ``sigma`` (the shape of a timm ``Mlp``); the folded weights are recomputed on every call
@@ -38,7 +40,9 @@ class IrrepMlp(nn.Module):
         self.act = activation
         self.fc2 = IrrepLinear(activation.ftype, ftype)
         self.schur = self.fc1.schur and self.fc2.schur
-        self._impl = _schur_mlp if self.schur else _folded_mlp
+        # A strided GELU before a Schur fc2 keeps one hidden-sized tensor for backward (gelu_then_schur).
+        fused_tail = self.schur and activation.strided and type(activation.act) is nn.GELU
+        self._impl = (_schur_gelu_mlp if fused_tail else _schur_mlp) if self.schur else _folded_mlp
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(W1' [|X|, dim], b1', W2' [dim, |X|], b2)`` of the dense MLP on values over X."""
@@ -67,6 +71,11 @@ def _folded_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
 def _schur_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
     mods = m._modules
     return mods["fc2"](mods["act"](mods["fc1"](x)))
+
+
+def _schur_gelu_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
+    mods = m._modules
+    return gelu_then_schur(mods["act"], mods["fc2"], mods["fc1"](x))
 
 
 def irrep_block(
