@@ -69,3 +69,23 @@ def test_training_form_follows_in_place_parameter_changes(name):
         reference.load_state_dict(model.state_dict())
         assert torch.equal(after, call(reference, x))
     assert not torch.equal(after, before)
+
+
+@pytest.mark.parametrize("name", [n for n in TEST_MODELS if not n.startswith("s2transformer")])
+def test_the_residual_stream_is_token_major(name):
+    """Every block of the training and the fused form reads a contiguous ``[B, N, C]`` stream: a tokenizer
+    that hands over a transposed view (a conv's ``flatten(2).transpose(1, 2)``) keeps every elementwise
+    op and matmul of the stream on a transposed layout."""
+    model = build(name).eval()
+    x = random_input(model, dtype=torch.float32)
+    for form in (model, eqvit.fuse(model)):
+        seen = []
+        handles = [
+            b.register_forward_pre_hook(lambda m, args, seen=seen: seen.append(args[0].is_contiguous()))
+            for b in form.blocks
+        ]
+        with torch.no_grad():
+            call(form, x)
+        for h in handles:
+            h.remove()
+        assert seen and all(seen), f"{name}: block inputs contiguous {seen}"

@@ -303,4 +303,4 @@ class FrozenSquareLift(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.conv2d(x, self.weight, self.bias, stride=self.patch_size)
-        return out.flatten(2).transpose(1, 2)
+        return out.flatten(2).transpose(1, 2).contiguous()  # the stream token-major, not a transposed view

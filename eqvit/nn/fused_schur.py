@@ -83,8 +83,9 @@ def slab_runs(sizes: Sequence[int], terms: Sequence[tuple[int, int]], keys: Sequ
 
 
 def run_view(x: torch.Tensor, start: int, count: int, width: int) -> torch.Tensor:
-    """``x [T, dim] -> [count, T, width]``: the ``count`` column slabs from ``start``, as strided views."""
-    return x[:, start : start + count * width].unflatten(-1, (count, width)).transpose(0, 1)
+    """``x [T, dim] -> [count, T, width]``: the ``count`` column slabs from ``start``, as one strided view."""
+    row, col = x.stride()
+    return x.as_strided((count, x.shape[0], width), (width * col, row, col), x.storage_offset() + start * col)
 
 
 def _stack(mats: Sequence[torch.Tensor], run: SlabRun) -> torch.Tensor:
@@ -99,22 +100,18 @@ def _stack_bias(biases: Sequence[torch.Tensor | None], run: SlabRun, like: torch
     return torch.stack([like.new_zeros(run.out_width) if b is None else b.detach() for b in parts])[:, None].clone()
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a fused layer computes in: autocast's inside an autocast region (its frozen weights are
-    cast per call, as autocast casts a module's parameters), else the input's."""
-    device = x.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-
-
 def run_frozen(module: nn.Module, forward, x: torch.Tensor, *args) -> torch.Tensor:
-    """``forward(x, buffers, *args)`` in :func:`_compute_dtype`, the buffers cast to it, autocast off inside
-    (the ``out=`` matmuls write into tensors of that dtype)."""
-    dtype = _compute_dtype(x)
+    """``forward(x, buffers, *args)``; inside an autocast region in autocast's dtype, with the buffers cast to
+    it and autocast off inside (the ``out=`` matmuls write into tensors of that dtype)."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return forward(x, module._buffers, *args)
+    dtype = torch.get_autocast_dtype(device)
     buffers = {
         k: v if v is None or v.dtype == dtype or not v.is_floating_point() else v.to(dtype)
         for k, v in module._buffers.items()
     }
-    with torch.autocast(x.device.type, enabled=False):
+    with torch.autocast(device, enabled=False):
         return forward(x.to(dtype), buffers, *args)
 
 

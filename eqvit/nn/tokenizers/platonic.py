@@ -79,7 +79,8 @@ class LiftedSquarePatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.repeat(self.order)
         out = F.conv2d(x, self.steered_weight(), bias, stride=self.patch_size)
-        return out.flatten(2).transpose(1, 2)  # [B, N, G C]
+        # Token-major and contiguous: a transposed view would keep the whole residual stream transposed.
+        return out.flatten(2).transpose(1, 2).contiguous()  # [B, N, G C]
 
 
 class CentredPoints(nn.Module):
