@@ -153,7 +153,7 @@ def _irrep_attention(m: IrrepAttention) -> nn.Module:
 
 @register_fuser(IrrepMlp)
 def _irrep_mlp(m: IrrepMlp) -> nn.Module:
-    if m.schur:  # block matmuls around the Fourier transforms, the hidden features feature-major
+    if m.schur:  # block matmuls around the Fourier transforms, the hidden features in coefficient rows
         fused = _fuse_children(m)
         if fourier_slab_mlp_applies(fused.fc1, fused.act, fused.fc2):
             return FourierSlabMlp(fused.fc1, fused.act, fused.fc2)

@@ -67,7 +67,7 @@ def test_fourier_stream_computes_the_same_function(every_width, name, kwargs):
     assert all(isinstance(b.attn, FourierFrameAttention) and isinstance(b.mlp, FourierSlabMlp) for b in fused.blocks)
     mlp = fused.blocks[0].mlp  # fc1 as Schur slabs: 12/64 of the dense group convolution's entries for D4
     hidden = mlp.num_rows * mlp.row_width
-    w1 = sum(getattr(mlp, f"w1_{k}").numel() for k in range(len(mlp.fc1_runs)))
+    w1 = sum(getattr(mlp, f"fc1_weight_{m}").numel() for m in range(len(mlp.fc1_plan)))
     assert w1 == stream_cost_ratio(model.frames) * hidden * mlp.in_type.dim
     assert (got - expected).abs().max() <= 1e-10 * expected.abs().max()
 

@@ -1,5 +1,5 @@
 """The inference forms of the Schur layers (eqvit.nn.fused_schur): the frozen linear as runs of batched
-matmuls, the Fourier MLP with feature-major hidden features in token chunks, coupled attention. Each
+matmuls, the Fourier MLP with its hidden features in coefficient rows, in token chunks, coupled attention. Each
 computes the training layer's function (float64) and stays equivariant; broken ones fail the check."""
 
 from __future__ import annotations

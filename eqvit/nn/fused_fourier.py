@@ -13,7 +13,7 @@ c, and the change of basis is ``T = Q (x) I_C`` with ``Q [|G|, |G|]`` orthogonal
 * the frame-shared LayerNorm is an :class:`~eqvit.nn.norm.IrrepLayerNorm` (centre: the trivial
   coefficients; gamma: each copy its channel's; beta: ``T^T`` of the tiled bias), LayerScale is kept;
 * the pointwise GELU on the frames is the strided :class:`~eqvit.nn.activation.FourierActivation`, and
-  the MLP runs as :class:`~eqvit.nn.fused_schur.FourierSlabMlp` (hidden features feature-major);
+  the MLP runs as :class:`~eqvit.nn.fused_schur.FourierSlabMlp` (hidden features in coefficient rows);
 * frame RoPE and frames-as-heads read the frames: q, k, v go there with ``Q`` and the heads' output
   comes back with ``Q^T`` (:class:`FourierFrameAttention`), the only transforms of a block besides the
   GELU's;
@@ -32,7 +32,15 @@ from torch import nn
 from eqvit.groups import FiniteGroup
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.fused import FrozenIrrepLayerNorm
-from eqvit.nn.fused_schur import FourierSlabMlp, FrozenSchurLinear, matmul_into, run_frozen, run_view
+from eqvit.nn.fused_schur import (
+    FourierSlabMlp,
+    FrozenSchurLinear,
+    apply_rows_in,
+    apply_rows_out,
+    rows_in_plan,
+    rows_out_plan,
+    run_frozen,
+)
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.base import PositionalScheme
@@ -113,30 +121,9 @@ class FourierFrameAttention(nn.Module):
         like = proj.weight_0
         self.register_buffer("to_frames", _fixed(basis.q, like))
         self.register_buffer("from_frames", _fixed(basis.q.T, like))
-        # q/k/v: (input start, slabs, input width, first row, row step) per matmul; output rows of width 3C.
-        self.qkv_plan: list[tuple[int, int, int, int, int]] = []
-        for n, run in enumerate(qkv.runs):
-            rows = _slab_rows(run.out_start, run.out_width, 3 * C)
-            weight, bias = qkv._buffers[f"weight_{n}"], qkv._buffers[f"bias_{n}"]
-            for j in range(rows):
-                cols = slice(j * 3 * C, (j + 1) * 3 * C)
-                self.register_buffer(f"qkv_weight_{len(self.qkv_plan)}", weight[:, :, cols].contiguous())
-                self.register_buffer(f"qkv_bias_{len(self.qkv_plan)}", None if bias is None else bias[:, :, cols])
-                self.qkv_plan.append((run.in_start, run.count, run.in_width, run.out_start // (3 * C) + j, rows))
-        # Projection: (first row, row step, slabs, output start, output width) per matmul over input rows of
-        # width C; the first row of each run writes its slabs (with the bias), the others accumulate.
-        self.proj_first: list[tuple[int, int, int, int, int]] = []
-        self.proj_rest: list[tuple[int, int, int, int, int]] = []
-        for n, run in enumerate(proj.runs):
-            rows = _slab_rows(run.in_start, run.in_width, C)
-            weight, bias = proj._buffers[f"weight_{n}"], proj._buffers[f"bias_{n}"]
-            for j in range(rows):
-                entry = (run.in_start // C + j, rows, run.count, run.out_start, run.out_width)
-                plan, name = (self.proj_first, "first") if j == 0 else (self.proj_rest, "rest")
-                self.register_buffer(f"proj_{name}_weight_{len(plan)}", weight[:, j * C : (j + 1) * C].contiguous())
-                if j == 0:
-                    self.register_buffer(f"proj_first_bias_{len(plan)}", bias)
-                plan.append(entry)
+        # q/k/v as coefficient rows of width 3C; the projection reads rows of width C.
+        self.qkv_plan = rows_out_plan(self, "qkv", qkv, 3 * C)
+        self.proj_plans = rows_in_plan(self, "proj", proj, C)
         self.sdpa = attn.sdpa
 
     def extra_repr(self) -> str:
@@ -153,11 +140,7 @@ class FourierFrameAttention(nn.Module):
         G, C, H, D, T = self.order, self.channels, self.num_heads, self.head_dim, B * N
         flat = x.reshape(T, self.dim)
         rows = flat.new_empty(G, T, 3 * C)
-        for m, (start, count, width, row, step) in enumerate(self.qkv_plan):
-            target = rows[row : row + count * step : step]
-            matmul_into(
-                target, run_view(flat, start, count, width), buffers[f"qkv_weight_{m}"], buffers[f"qkv_bias_{m}"]
-            )
+        apply_rows_out(self.qkv_plan, "qkv", buffers, flat, rows)
         frames = torch.mm(buffers["to_frames"], rows.view(G, -1)).view(G, B, N, 3, H, D)
         if rope is not None:  # frame RoPE on q and k in place (frames is this call's own tensor)
             rope.rotate_qk_frames_(frames[:, :, :, :2], num_prefix_tokens)
@@ -165,27 +148,14 @@ class FourierFrameAttention(nn.Module):
         heads = self.sdpa(q, k, v).transpose(1, 2).reshape(G, T * C)  # [G B, N, H, D] as SDPA lays it out
         back = torch.mm(buffers["from_frames"], heads).view(G, T, C)
         out = flat.new_empty(T, self.dim)
-        for m, (row, step, count, start, width) in enumerate(self.proj_first):
-            target, inputs = run_view(out, start, count, width), back[row : row + count * step : step]
-            matmul_into(target, inputs, buffers[f"proj_first_weight_{m}"], buffers[f"proj_first_bias_{m}"])
-        for m, (row, step, count, start, width) in enumerate(self.proj_rest):
-            run_view(out, start, count, width).baddbmm_(
-                back[row : row + count * step : step], buffers[f"proj_rest_weight_{m}"]
-            )
+        apply_rows_in(self.proj_plans, "proj", buffers, back, out)
         return out.view(B, N, self.dim)
-
-
-def _slab_rows(start: int, width: int, row: int) -> int:
-    """Rows of width ``row`` in a slab ``[start, start + width)``; ValueError unless it is made of whole rows."""
-    if start % row or width % row:
-        raise ValueError(f"expected slabs of whole rows of {row} coefficients, got [{start}, {start + width})")
-    return width // row
 
 
 def fourier_mlp(mlp: nn.Module, basis: RegularBasis) -> FourierSlabMlp:
     """A group-convolution MLP (:class:`~eqvit.nn.platonic.PlatonicMlp`) on Fourier coefficients:
     Schur fc1, the GELU on the hidden frames (the strided :class:`FourierActivation`), Schur fc2, run
-    as :class:`~eqvit.nn.fused_schur.FourierSlabMlp` (hidden features feature-major, in token chunks)."""
+    as :class:`~eqvit.nn.fused_schur.FourierSlabMlp` (hidden features in coefficient rows, in token chunks)."""
     hidden = RegularBasis(basis.ftype.group, mlp.fc1.out_channels)
     fc1 = schur_from_conv(mlp.fc1, basis, hidden)
     like = fc1.weight_0

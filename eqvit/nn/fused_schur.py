@@ -10,10 +10,12 @@ that also means fewer fresh hidden-sized tensors, whose first touch costs as muc
 
 * :class:`FrozenSchurLinear`: the frozen linear itself, ``[..., in.dim] -> [..., out.dim]``.
 * :class:`FourierSlabMlp`: ``fc2 o FT sigma FT^-1 o fc1`` with a strided Fourier nonlinearity, its
-  hidden features *feature-major* ``H [s, n, T]`` (row r holds coefficient r of every copy): fc1 runs
-  write their rows as ``W x^T``, the transform and its inverse are one ``[s, s] @ [s, n T]`` GEMM
-  each, the GELU runs in place, fc2 runs read their rows transposed. Tokens go in chunks of
-  :data:`CHUNK_TOKENS`, so the two hidden buffers of a chunk stay in the cache.
+  hidden features in *rows* ``H [s, T, n]`` (row r holds coefficient r of every copy, for every
+  token): fc1 runs write their rows (a slab of k rows as k matmuls, :func:`rows_out_plan`), the
+  transform and its inverse are one ``[s, s] @ [s, T n]`` GEMM each, the GELU runs in place, fc2 runs
+  read their rows (:func:`rows_in_plan`). Tokens go in chunks of :data:`CHUNK_TOKENS`, so the two
+  hidden buffers of a chunk stay in the cache. The Fourier-basis Platonic attention
+  (:mod:`eqvit.nn.fused_fourier`) moves q/k/v to the frames through the same rows.
 * :class:`SchurCoupledAttention`: coupled-head attention on Schur q/k/v/projection runs, heads laid
   out for SDPA by one copy per run each way.
 
@@ -198,12 +200,85 @@ def _pointwise_(module: FourierSlabMlp, values: torch.Tensor) -> None:
     values.copy_(module.act(values))
 
 
-def _rows(start: int, width: int, n: int, what: str) -> tuple[int, int]:
-    """The rows ``[r0, r1)`` of width ``n`` that the coordinates ``[start, start + width)`` fill."""
-    if start % n or width % n:
-        stop = start + width
-        raise ValueError(f"expected {what} to cover whole rows of {n} hidden coordinates, got [{start}, {stop})")
-    return start // n, (start + width) // n
+class RowPlan(NamedTuple):
+    """One batched matmul between token-major features ``[T, dim]`` and feature rows ``[R, T, row]``: the
+    ``count`` slabs of ``width`` from column ``start`` on one side, the rows ``first_row + i * step``
+    (``i < count``) on the other."""
+
+    count: int
+    start: int
+    width: int
+    first_row: int
+    step: int
+
+
+def slab_rows(start: int, width: int, row: int) -> int:
+    """Rows of width ``row`` in the slab ``[start, start + width)``; ValueError unless it is whole rows."""
+    if start % row or width % row:
+        raise ValueError(f"expected slabs of whole rows of {row} coordinates, got [{start}, {start + width})")
+    return width // row
+
+
+def rows_out_plan(module: nn.Module, prefix: str, lin: FrozenSchurLinear, row: int) -> list[RowPlan]:
+    """The plan writing ``lin``'s output slabs as rows of width ``row`` (a slab of ``k`` rows is ``k``
+    matmuls of one row each); registers ``{prefix}_weight_m`` ``[count, in, row]`` and ``{prefix}_bias_m``."""
+    plan: list[RowPlan] = []
+    for n, run in enumerate(lin.runs):
+        k = slab_rows(run.out_start, run.out_width, row)
+        weight, bias = lin._buffers[f"weight_{n}"], lin._buffers[f"bias_{n}"]
+        for j in range(k):
+            cols = slice(j * row, (j + 1) * row)
+            module.register_buffer(f"{prefix}_weight_{len(plan)}", weight[:, :, cols].contiguous())
+            module.register_buffer(
+                f"{prefix}_bias_{len(plan)}", None if bias is None else bias[:, :, cols].contiguous()
+            )
+            plan.append(RowPlan(run.count, run.in_start, run.in_width, run.out_start // row + j, k))
+    return plan
+
+
+def rows_in_plan(
+    module: nn.Module, prefix: str, lin: FrozenSchurLinear, row: int
+) -> tuple[list[RowPlan], list[RowPlan]]:
+    """The plan reading ``lin``'s input slabs from rows of width ``row``: ``(first, rest)``, the first row of
+    every slab written with the bias, the others accumulated. Registers ``{prefix}_{first|rest}_weight_m``
+    ``[count, row, out]`` and ``{prefix}_first_bias_m``."""
+    first: list[RowPlan] = []
+    rest: list[RowPlan] = []
+    for n, run in enumerate(lin.runs):
+        k = slab_rows(run.in_start, run.in_width, row)
+        weight, bias = lin._buffers[f"weight_{n}"], lin._buffers[f"bias_{n}"]
+        for j in range(k):
+            plan, name = (first, "first") if j == 0 else (rest, "rest")
+            module.register_buffer(
+                f"{prefix}_{name}_weight_{len(plan)}", weight[:, j * row : (j + 1) * row].contiguous()
+            )
+            if j == 0:
+                module.register_buffer(f"{prefix}_first_bias_{len(plan)}", bias)
+            plan.append(RowPlan(run.count, run.out_start, run.out_width, run.in_start // row + j, k))
+    return first, rest
+
+
+def _rows(rows: torch.Tensor, p: RowPlan) -> torch.Tensor:
+    return rows[p.first_row : p.first_row + p.count * p.step : p.step]
+
+
+def apply_rows_out(plan: list[RowPlan], prefix: str, buffers: dict, x: torch.Tensor, rows: torch.Tensor) -> None:
+    """``x [T, in]`` -> the rows ``[R, T, row]`` (see :func:`rows_out_plan`)."""
+    for m, p in enumerate(plan):
+        weight, bias = buffers[f"{prefix}_weight_{m}"], buffers[f"{prefix}_bias_{m}"]
+        matmul_into(_rows(rows, p), run_view(x, p.start, p.count, p.width), weight, bias)
+
+
+def apply_rows_in(
+    plans: tuple[list[RowPlan], list[RowPlan]], prefix: str, buffers: dict, rows: torch.Tensor, out: torch.Tensor
+) -> None:
+    """The rows ``[R, T, row]`` -> ``out [T, out]`` (see :func:`rows_in_plan`)."""
+    first, rest = plans
+    for m, p in enumerate(first):
+        weight, bias = buffers[f"{prefix}_first_weight_{m}"], buffers[f"{prefix}_first_bias_{m}"]
+        matmul_into(run_view(out, p.start, p.count, p.width), _rows(rows, p), weight, bias)
+    for m, p in enumerate(rest):
+        run_view(out, p.start, p.count, p.width).baddbmm_(_rows(rows, p), buffers[f"{prefix}_rest_weight_{m}"])
 
 
 def fourier_slab_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
@@ -215,8 +290,8 @@ def fourier_slab_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> 
 
 
 class FourierSlabMlp(nn.Module):
-    """``x [..., dim] -> fc2(FT sigma FT^-1 fc1(x)) [..., dim]`` with fixed weights, the hidden features
-    feature-major (see the module docstring).
+    """``x [..., dim] -> fc2(FT sigma FT^-1 fc1(x)) [..., dim]`` with fixed weights, the hidden features in
+    rows ``H [s, T, n]`` (see the module docstring).
 
     Args:
         fc1, fc2: :class:`FrozenSchurLinear` into and out of the hidden type.
@@ -238,41 +313,22 @@ class FourierSlabMlp(nn.Module):
         self.register_buffer("from_values", act.slab_forward.detach().clone().contiguous())
         self.act = act.act
         self._pointwise = _gelu_ if type(act.act) is nn.GELU else _pointwise_
-        # fc1 run: its output slabs are consecutive rows of H, [count, out_width, T] = W [count, out, in] @ x^T.
-        self.fc1_runs = [(run, *_rows(run.out_start, run.count * run.out_width, n, "fc1's output")) for run in fc1.runs]
-        for k in range(len(fc1.runs)):
-            self.register_buffer(f"w1_{k}", fc1._buffers[f"weight_{k}"].transpose(1, 2).contiguous())
-            bias = fc1._buffers[f"bias_{k}"]
-            self.register_buffer(f"b1_{k}", None if bias is None else bias.transpose(1, 2).contiguous())
-        # fc2 run: its input slabs are consecutive rows of H, read transposed: [count, T, in] @ W [count, in, out].
-        self.fc2_runs = [(run, *_rows(run.in_start, run.count * run.in_width, n, "fc2's input")) for run in fc2.runs]
-        for k in range(len(fc2.runs)):
-            self.register_buffer(f"w2_{k}", fc2._buffers[f"weight_{k}"].clone())
-            self.register_buffer(f"b2_{k}", fc2._buffers[f"bias_{k}"])
+        self.fc1_plan = rows_out_plan(self, "fc1", fc1, n)
+        self.fc2_plans = rows_in_plan(self, "fc2", fc2, n)
         self.out_dim = fc2.out_dim
 
     def extra_repr(self) -> str:
         hidden = f"hidden {self.num_rows} x {self.row_width}"
         return f"{self.in_type} -> {hidden} -> {self.out_type}, chunk={self.chunk_tokens}"
 
-    def _chunk(
-        self, x: torch.Tensor, hidden: torch.Tensor, values: torch.Tensor, out: torch.Tensor, buffers: dict
-    ) -> None:
-        """One chunk of T tokens: ``x [T, dim]`` -> ``out [T, out_dim]``, through ``hidden [s, n, T]`` and
-        ``values [s, n T]``."""
-        T = x.shape[0]
-        for k, (run, r0, r1) in enumerate(self.fc1_runs):
-            rows = hidden[r0:r1].view(run.count, run.out_width, T)
-            inputs = run_view(x, run.in_start, run.count, run.in_width).transpose(1, 2)  # [count, in, T]
-            matmul_into(rows, buffers[f"w1_{k}"], inputs, buffers[f"b1_{k}"])
+    def _chunk(self, x: torch.Tensor, hidden: torch.Tensor, values: torch.Tensor, out: torch.Tensor, buffers) -> None:
+        """One chunk: ``x [T, dim]`` -> ``out [T, out_dim]``, through ``hidden [s, T, n]`` and ``values [s, T n]``."""
+        apply_rows_out(self.fc1_plan, "fc1", buffers, x, hidden)
         flat = hidden.view(self.num_rows, -1)
         torch.mm(buffers["to_values"], flat, out=values)
         self._pointwise(self, values)
         torch.mm(buffers["from_values"], values, out=flat)
-        for k, (run, r0, r1) in enumerate(self.fc2_runs):
-            inputs = hidden[r0:r1].view(run.count, run.in_width, T).transpose(1, 2)  # [count, T, in]
-            slabs = run_view(out, run.out_start, run.count, run.out_width)
-            matmul_into(slabs, inputs, buffers[f"w2_{k}"], buffers[f"b2_{k}"])
+        apply_rows_in(self.fc2_plans, "fc2", buffers, hidden, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., dim] -> [..., out_dim]``."""
@@ -290,7 +346,7 @@ class FourierSlabMlp(nn.Module):
             count = (stop - start) * size
             self._chunk(
                 flat[start:stop],
-                hidden[:count].view(self.num_rows, self.row_width, stop - start),
+                hidden[:count].view(self.num_rows, stop - start, self.row_width),
                 values[:count].view(self.num_rows, -1),
                 out[start:stop],
                 buffers,
