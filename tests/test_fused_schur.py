@@ -14,11 +14,12 @@ from torch import nn
 import eqvit
 from eqvit.groups import get_group
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
-from eqvit.nn.fused_schur import FourierSlabMlp, FrozenSchurLinear, SchurCoupledAttention, slab_runs
+from eqvit.nn.fused_schur import FourierSlabMlp, FrozenSchurLinear, SchurCoupledAttention
 from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads, irrepwise_heads
-from eqvit.nn.irrep_blocks import IrrepMlp, _schur_gelu_mlp, _schur_mlp
+from eqvit.nn.irrep_blocks import IrrepMlp, _rows_mlp, _schur_mlp
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.slabs import slab_runs
 from eqvit.testing import EquivarianceError, assert_equivariant
 
 
@@ -133,25 +134,25 @@ def test_coupled_attention_broken_fails_and_refusals():
 
 
 @pytest.mark.parametrize("group", ["D4", "C4", "D6"])
-def test_gelu_then_schur_gradients_match_autograd(group):
-    """The training MLP's tail (strided GELU then the Schur fc2, one saved hidden tensor) has autograd's
-    gradients for the input and every parameter (float64), and saves less."""
+def test_rows_mlp_gradients_match_autograd(group):
+    """The training MLP on coefficient rows (its own backward, one saved hidden tensor) has autograd's
+    gradients for the input and every parameter (float64)."""
     mlp = _mlp(group)
     x = torch.randn(2, 5, mlp.in_type.dim, dtype=torch.float64, requires_grad=True)
     grads = {}
-    for impl in (_schur_mlp, _schur_gelu_mlp):
+    for impl in (_schur_mlp, _rows_mlp):
         mlp.zero_grad(set_to_none=True)
         x.grad = None
         out = impl(mlp, x)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
         grads[impl] = [x.grad.clone()] + [p.grad.clone() for p in mlp.parameters()]
-    for a, b in zip(grads[_schur_mlp], grads[_schur_gelu_mlp]):
+    for a, b in zip(grads[_schur_mlp], grads[_rows_mlp]):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
-    assert mlp._impl is _schur_gelu_mlp
-    torch.autograd.gradcheck(lambda t: _schur_gelu_mlp(mlp, t), (x[:1, :2].detach().requires_grad_(),))
+    assert mlp._impl is _rows_mlp
+    torch.autograd.gradcheck(lambda t: _rows_mlp(mlp, t), (x[:1, :2].detach().requires_grad_(),))
 
 
-def test_gelu_then_schur_keeps_one_hidden_tensor():
+def test_rows_mlp_keeps_one_hidden_tensor():
     mlp = _mlp("D4", copies=4, hidden_copies=16)
     x = torch.randn(3, 7, mlp.in_type.dim, dtype=torch.float64, requires_grad=True)
     hidden_numel = 3 * 7 * mlp.fc1.out_type.dim
@@ -167,14 +168,14 @@ def test_gelu_then_schur_keeps_one_hidden_tensor():
             impl(mlp, x)
         return sum(1 for n in storages.values() if n == hidden_numel)
 
-    assert saved_hidden(_schur_mlp) == 2 and saved_hidden(_schur_gelu_mlp) == 1
+    assert saved_hidden(_schur_mlp) == 2 and saved_hidden(_rows_mlp) == 1
 
 
-def test_gelu_then_schur_under_autocast():
+def test_rows_mlp_under_autocast():
     mlp = _mlp("D4").float()
     x = torch.randn(2, 5, mlp.in_type.dim, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = _schur_gelu_mlp(mlp, x)
+        out = _rows_mlp(mlp, x)
     out.float().sum().backward()
     assert x.grad.dtype == torch.float32 and all(p.grad.dtype == torch.float32 for p in mlp.parameters())
     with torch.no_grad():

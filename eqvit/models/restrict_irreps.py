@@ -175,7 +175,11 @@ def _restrict_activation(act: FourierActivation, r: IrrepRestriction) -> Fourier
     return FourierActivation(W, _f64(act._exact_masters["basis"]) @ R.T, act=copy.deepcopy(act.act))
 
 
-restrictor(IrrepMlp, kind=IrrepRestriction)(restrict_children)
+@restrictor(IrrepMlp, kind=IrrepRestriction)
+def _restrict_mlp(mlp: IrrepMlp, r: IrrepRestriction) -> IrrepMlp:
+    new = restrict_children(mlp, r)
+    new.select_forward()  # the restricted activation need not be strided: the forward follows the layers
+    return new
 
 
 @restrictor(IrrepAttention, kind=IrrepRestriction)

@@ -12,14 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import schur_apply
 
 SpaceSpec = tuple[Sequence[int] | np.ndarray | str, int]
 """``(H, n)``: n copies of G/H; H as sorted element indices, ``"regular"`` ({e}) or ``"trivial"`` (G)."""
@@ -275,64 +272,3 @@ def _blocks_by_size(basis: np.ndarray, atol: float = 1e-12) -> list[tuple[np.nda
         (np.array([r for r, _ in comps_s], dtype=np.int64), np.array([c for _, c in comps_s], dtype=np.int64))
         for _, comps_s in sorted(by_size.items())
     ]
-
-
-# ---------------------------------------------------------------------------------------------------
-# The strided GELU nonlinearity followed by a Schur linear, keeping one hidden-sized tensor for backward.
-
-
-class _GeluThenSchur(torch.autograd.Function):
-    """``schur(Q_f gelu(Q_i h))`` per token: saves the values on X ``v = Q_i h`` only; backward recomputes
-    ``y = Q_f gelu(v)`` (elementwise work and one small matmul per token) instead of keeping it."""
-
-    @staticmethod
-    def forward(ctx, h, to_values, from_values, approximate, sizes, terms, n, *weights):
-        mats, biases = list(weights[:n]), list(weights[n:])
-        v = torch.matmul(to_values, h.unflatten(-1, (to_values.shape[1], -1)))
-        y = torch.matmul(from_values, F.gelu(v, approximate=approximate)).flatten(-2)
-        ctx.save_for_backward(v, to_values, from_values, *mats)
-        ctx.plan = (approximate, sizes, terms, [b is not None for b in biases], h.dtype)
-        return schur_apply(y, sizes, terms, mats, biases)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        v, to_values, from_values, *mats = ctx.saved_tensors
-        approximate, sizes, terms, has_bias, h_dtype = ctx.plan
-        work = v.dtype  # bf16 under autocast: the buffers and weights are cast to it, the grads back
-        to_values, from_values = to_values.to(work), from_values.to(work)
-        y = torch.matmul(from_values, F.gelu(v, approximate=approximate)).flatten(-2)  # recomputed
-        grad = grad.to(work)
-        y_slabs = y.split(sizes, dim=-1)
-        dy = torch.zeros_like(y)
-        dy_slabs = dy.split(sizes, dim=-1)  # views: the slab grads accumulate into dy
-        grad_mats, grad_biases, start = [], [], 0
-        for (s, width), w, bias in zip(terms, mats, has_bias):
-            g = grad[..., start : start + width]
-            start += width
-            if s < 0:
-                grad_mats.append(None)
-                grad_biases.append(None)
-                continue
-            flat = g.reshape(-1, width)
-            grad_mats.append((flat.T @ y_slabs[s].reshape(-1, sizes[s])).to(w.dtype))
-            dy_slabs[s].add_(g @ w.to(work))
-            grad_biases.append(flat.sum(0).to(w.dtype) if bias else None)
-        du = torch.matmul(from_values.T, dy.unflatten(-1, (from_values.shape[0], -1)))
-        dv = torch.ops.aten.gelu_backward(du, v, approximate=approximate)
-        dh = torch.matmul(to_values.T, dv).flatten(-2).to(h_dtype)
-        return (dh, None, None, None, None, None, None, *grad_mats, *grad_biases)
-
-
-def gelu_then_schur(act: FourierActivation, lin: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """``lin(act(h))`` for a strided :class:`FourierActivation` with a GELU and a ``components``-layout
-    :class:`~eqvit.nn.linear.IrrepLinear`: the same function, but backward keeps one hidden-sized tensor
-    (the values on X) where autograd would keep two (the GELU's input and the linear's input)."""
-    mats, biases = lin.schur_mats(), lin.schur_biases()
-    if not torch.is_grad_enabled():
-        return lin(act(h))
-    buffers = act._buffers
-    return _GeluThenSchur.apply(
-        h, buffers["slab_inverse"], buffers["slab_forward"], act.act.approximate,
-        lin._in_sizes, lin._terms, len(mats), *mats, *biases,
-    )  # fmt: skip

@@ -35,10 +35,10 @@ from eqvit.nn.fused import FrozenIrrepLayerNorm
 from eqvit.nn.fused_schur import (
     FourierSlabMlp,
     FrozenSchurLinear,
-    apply_rows_in,
-    apply_rows_out,
-    rows_in_plan,
-    rows_out_plan,
+    frozen_rows_in,
+    frozen_rows_out,
+    register_rows_in,
+    register_rows_out,
     run_frozen,
 )
 from eqvit.nn.linear import IrrepLinear
@@ -122,8 +122,8 @@ class FourierFrameAttention(nn.Module):
         self.register_buffer("to_frames", _fixed(basis.q, like))
         self.register_buffer("from_frames", _fixed(basis.q.T, like))
         # q/k/v as coefficient rows of width 3C; the projection reads rows of width C.
-        self.qkv_plan = rows_out_plan(self, "qkv", qkv, 3 * C)
-        self.proj_plans = rows_in_plan(self, "proj", proj, C)
+        self.qkv_plan = register_rows_out(self, "qkv", qkv, 3 * C)
+        self.proj_plans = register_rows_in(self, "proj", proj, C)
         self.sdpa = attn.sdpa
 
     def extra_repr(self) -> str:
@@ -140,7 +140,7 @@ class FourierFrameAttention(nn.Module):
         G, C, H, D, T = self.order, self.channels, self.num_heads, self.head_dim, B * N
         flat = x.reshape(T, self.dim)
         rows = flat.new_empty(G, T, 3 * C)
-        apply_rows_out(self.qkv_plan, "qkv", buffers, flat, rows)
+        frozen_rows_out(self.qkv_plan, "qkv", buffers, flat, rows)
         frames = torch.mm(buffers["to_frames"], rows.view(G, -1)).view(G, B, N, 3, H, D)
         if rope is not None:  # frame RoPE on q and k in place (frames is this call's own tensor)
             rope.rotate_qk_frames_(frames[:, :, :, :2], num_prefix_tokens)
@@ -148,7 +148,7 @@ class FourierFrameAttention(nn.Module):
         heads = self.sdpa(q, k, v).transpose(1, 2).reshape(G, T * C)  # [G B, N, H, D] as SDPA lays it out
         back = torch.mm(buffers["from_frames"], heads).view(G, T, C)
         out = flat.new_empty(T, self.dim)
-        apply_rows_in(self.proj_plans, "proj", buffers, back, out)
+        frozen_rows_in(self.proj_plans, "proj", buffers, back, out)
         return out.view(B, N, self.dim)
 
 

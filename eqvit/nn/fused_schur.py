@@ -1,23 +1,17 @@
-"""Inference forms of the Schur (``components`` layout) layers: slabs of equal shape as one batched matmul.
+"""Inference forms of the Schur (``components`` layout) layers, on the batched-matmul plans of
+:mod:`eqvit.nn.slabs` (runs of equal slabs, coefficient rows).
 
-A Schur linear (:class:`~eqvit.nn.linear.IrrepLinear` with ``components`` types) is one small matmul per
-output slab: a real-type irrep contributes one slab per component (the components share the matrix),
-a complex or quaternionic one a single slab. Consecutive slabs of equal shape, e.g. the four 1-d irreps
-of D4 or the two components of its E irrep, sit at equal spacing in the token vector, so a *run* of
-them is one ``bmm`` on strided views, written straight into the output's column slabs
-(:func:`slab_runs`): two batched matmuls per linear for D4 and C4, no ``split`` and no ``cat``. On a CPU
-that also means fewer fresh hidden-sized tensors, whose first touch costs as much as a GELU.
-
-* :class:`FrozenSchurLinear`: the frozen linear itself, ``[..., in.dim] -> [..., out.dim]``.
-* :class:`FourierSlabMlp`: ``fc2 o FT sigma FT^-1 o fc1`` with a strided Fourier nonlinearity, its
-  hidden features in *rows* ``H [s, T, n]`` (row r holds coefficient r of every copy, for every
-  token): fc1 runs write their rows (a slab of k rows as k matmuls, :func:`rows_out_plan`), the
-  transform and its inverse are one ``[s, s] @ [s, T n]`` GEMM each, the GELU runs in place, fc2 runs
-  read their rows (:func:`rows_in_plan`). Tokens go in chunks of :data:`CHUNK_TOKENS`, so the two
-  hidden buffers of a chunk stay in the cache. The Fourier-basis Platonic attention
-  (:mod:`eqvit.nn.fused_fourier`) moves q/k/v to the frames through the same rows.
-* :class:`SchurCoupledAttention`: coupled-head attention on Schur q/k/v/projection runs, heads laid
-  out for SDPA by one copy per run each way.
+* :class:`FrozenSchurLinear`: the frozen linear, ``[..., in.dim] -> [..., out.dim]``: one ``bmm`` per run
+  of equal slabs, written straight into the output's column slabs (two per linear for D4 and C4, no
+  ``split`` and no ``cat``; on a CPU that also means fewer fresh tensors, whose first touch costs as
+  much as a GELU).
+* :class:`FourierSlabMlp`: ``fc2 o FT sigma FT^-1 o fc1`` with a strided Fourier nonlinearity, its hidden
+  features in coefficient rows ``H [s, T, n]``: fc1 writes the rows, the transform and its inverse are
+  one ``[s, s] @ [s, T n]`` GEMM each, the GELU runs in place, fc2 reads the rows. Tokens go in chunks
+  of :data:`CHUNK_TOKENS`, so the two hidden buffers of a chunk stay in the cache. The Fourier-basis
+  Platonic attention (:mod:`eqvit.nn.fused_fourier`) moves q/k/v to the frames through the same rows.
+* :class:`SchurCoupledAttention`: coupled-head attention on Schur q/k/v/projection runs, heads laid out
+  for SDPA by one copy per run each way.
 
 Each computes the same function as the training layer it replaces (tests check every registered
 model in float64); :func:`eqvit.fuse` swaps them in.
@@ -26,80 +20,38 @@ model in float64); :func:`eqvit.fuse` swaps them in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from eqvit.nn.sdpa import ScaledDotProductAttention
+from eqvit.nn.slabs import (
+    RowPlan,
+    _offsets,
+    apply_rows_in,
+    apply_rows_out,
+    matmul_into,
+    row_plan_in,
+    row_plan_out,
+    run_view,
+    slab_runs,
+    stack_run,
+    stack_run_bias,
+)
 
 # Tokens per chunk of FourierSlabMlp: at ViT-B width (hidden 3072) a chunk's two hidden buffers are
 # 2 x 6 MB, at ViT-S 2 x 3 MB.
 CHUNK_TOKENS = 512
 
 
-class SlabRun(NamedTuple):
-    """``count`` consecutive Schur output slabs of equal shape, read from consecutive input slabs.
-
-    Output slab ``first + j`` is ``F.linear(x[..., in_start + j in_width : ...], W_j, b_j)``, written
-    at ``out_start + j out_width``; ``in_width == 0`` marks slabs with no input (zeros).
-    """
-
-    first: int
-    count: int
-    in_start: int
-    in_width: int
-    out_start: int
-    out_width: int
+def _stack(mats, run) -> torch.Tensor:
+    return stack_run(mats, run).detach().clone().contiguous()
 
 
-def _offsets(sizes: Sequence[int]) -> list[int]:
-    out = [0]
-    for size in sizes:
-        out.append(out[-1] + int(size))
-    return out
-
-
-def slab_runs(sizes: Sequence[int], terms: Sequence[tuple[int, int]], keys: Sequence | None = None) -> list[SlabRun]:
-    """Group the Schur plan ``terms`` (``(input slab or -1, output width)`` per output slab, the input
-    cut into ``sizes``) into runs of consecutive slabs with equal shapes (and equal ``keys``, if given)."""
-    in_offsets, runs, out_start = _offsets(sizes), [], 0
-    for t, (s, width) in enumerate(terms):
-        in_width = int(sizes[s]) if s >= 0 else 0
-        in_start = in_offsets[s] if s >= 0 else 0
-        last = runs[-1] if runs else None
-        joins = (
-            last is not None
-            and last.in_width == in_width
-            and last.out_width == width
-            and (in_width == 0 or terms[t - 1][0] == s - 1)
-            and (keys is None or keys[t] == keys[t - 1])
-        )
-        if joins:
-            runs[-1] = last._replace(count=last.count + 1)
-        else:
-            runs.append(SlabRun(t, 1, in_start, in_width, out_start, int(width)))
-        out_start += int(width)
-    return runs
-
-
-def run_view(x: torch.Tensor, start: int, count: int, width: int) -> torch.Tensor:
-    """``x [T, dim] -> [count, T, width]``: the ``count`` column slabs from ``start``, as one strided view."""
-    row, col = x.stride()
-    return x.as_strided((count, x.shape[0], width), (width * col, row, col), x.storage_offset() + start * col)
-
-
-def _stack(mats: Sequence[torch.Tensor], run: SlabRun) -> torch.Tensor:
-    return torch.stack([mats[t] for t in range(run.first, run.first + run.count)]).detach().clone().contiguous()
-
-
-def _stack_bias(biases: Sequence[torch.Tensor | None], run: SlabRun, like: torch.Tensor) -> torch.Tensor | None:
-    """``[count, 1, out_width]`` (zeros for slabs without a bias), or None when no slab has one."""
-    parts = [biases[t] for t in range(run.first, run.first + run.count)]
-    if all(b is None for b in parts):
-        return None
-    return torch.stack([like.new_zeros(run.out_width) if b is None else b.detach() for b in parts])[:, None].clone()
+def _stack_bias(biases, run, like: torch.Tensor) -> torch.Tensor | None:
+    bias = stack_run_bias(biases, run, like)
+    return None if bias is None else bias.detach().clone()
 
 
 def run_frozen(module: nn.Module, forward, x: torch.Tensor, *args) -> torch.Tensor:
@@ -117,18 +69,10 @@ def run_frozen(module: nn.Module, forward, x: torch.Tensor, *args) -> torch.Tens
         return forward(x.to(dtype), buffers, *args)
 
 
-def matmul_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """``out = x @ weight (+ bias)`` batched, writing into the (strided) view ``out``."""
-    if bias is None:
-        torch.bmm(x, weight, out=out)
-    else:
-        torch.baddbmm(bias, x, weight, out=out)
-
-
 class FrozenSchurLinear(nn.Module):
     """:class:`~eqvit.nn.linear.IrrepLinear` in the ``components`` layout with its slab matrices fixed,
-    ``[..., in.dim] -> [..., out.dim]``: one batched matmul per run of equal slabs (:func:`slab_runs`),
-    written into the output's column slabs."""
+    ``[..., in.dim] -> [..., out.dim]``: one batched matmul per run of equal slabs
+    (:func:`~eqvit.nn.slabs.slab_runs`), written into the output's column slabs."""
 
     def __init__(self, lin: nn.Module) -> None:
         super().__init__()
@@ -188,6 +132,49 @@ class FrozenSchurLinear(nn.Module):
         return out.view(*lead, self.out_dim)
 
 
+def register_rows_out(module: nn.Module, prefix: str, lin: FrozenSchurLinear, row: int) -> list[RowPlan]:
+    """:func:`~eqvit.nn.slabs.row_plan_out` of ``lin`` with its weights as buffers of ``module``:
+    ``{prefix}_weight_m`` ``[count, in, row]`` and ``{prefix}_bias_m``."""
+    plan = row_plan_out(lin.runs, row)
+    for m, p in enumerate(plan):
+        weight, bias = lin._buffers[f"weight_{p.run}"], lin._buffers[f"bias_{p.run}"]
+        cols = slice(p.sub * row, (p.sub + 1) * row)
+        module.register_buffer(f"{prefix}_weight_{m}", weight[:, :, cols].contiguous())
+        module.register_buffer(f"{prefix}_bias_{m}", None if bias is None else bias[:, :, cols].contiguous())
+    return plan
+
+
+def register_rows_in(
+    module: nn.Module, prefix: str, lin: FrozenSchurLinear, row: int
+) -> tuple[list[RowPlan], list[RowPlan]]:
+    """:func:`~eqvit.nn.slabs.row_plan_in` of ``lin`` with its weights as buffers of ``module``:
+    ``{prefix}_{first|rest}_weight_m`` ``[count, row, out]`` and ``{prefix}_first_bias_m``."""
+    plans = row_plan_in(lin.runs, row)
+    for name, plan in zip(("first", "rest"), plans):
+        for m, p in enumerate(plan):
+            weight = lin._buffers[f"weight_{p.run}"][:, p.sub * row : (p.sub + 1) * row]
+            module.register_buffer(f"{prefix}_{name}_weight_{m}", weight.contiguous())
+            if name == "first":
+                module.register_buffer(f"{prefix}_first_bias_{m}", lin._buffers[f"bias_{p.run}"])
+    return plans
+
+
+def frozen_rows_out(plan: list[RowPlan], prefix: str, buffers: dict, x: torch.Tensor, rows: torch.Tensor) -> None:
+    """:func:`~eqvit.nn.slabs.apply_rows_out` with the weights :func:`register_rows_out` registered."""
+    weights = [(buffers[f"{prefix}_weight_{m}"], buffers[f"{prefix}_bias_{m}"]) for m in range(len(plan))]
+    apply_rows_out(plan, weights, x, rows)
+
+
+def frozen_rows_in(plans: tuple, prefix: str, buffers: dict, rows: torch.Tensor, out: torch.Tensor) -> None:
+    """:func:`~eqvit.nn.slabs.apply_rows_in` with the weights :func:`register_rows_in` registered."""
+    first, rest = plans
+    weights = (
+        [(buffers[f"{prefix}_first_weight_{m}"], buffers[f"{prefix}_first_bias_{m}"]) for m in range(len(first))],
+        [buffers[f"{prefix}_rest_weight_{m}"] for m in range(len(rest))],
+    )
+    apply_rows_in(plans, weights, rows, out)
+
+
 # ---------------------------------------------------------------------------------------------------
 # the Fourier MLP
 
@@ -198,87 +185,6 @@ def _gelu_(module: FourierSlabMlp, values: torch.Tensor) -> None:
 
 def _pointwise_(module: FourierSlabMlp, values: torch.Tensor) -> None:
     values.copy_(module.act(values))
-
-
-class RowPlan(NamedTuple):
-    """One batched matmul between token-major features ``[T, dim]`` and feature rows ``[R, T, row]``: the
-    ``count`` slabs of ``width`` from column ``start`` on one side, the rows ``first_row + i * step``
-    (``i < count``) on the other."""
-
-    count: int
-    start: int
-    width: int
-    first_row: int
-    step: int
-
-
-def slab_rows(start: int, width: int, row: int) -> int:
-    """Rows of width ``row`` in the slab ``[start, start + width)``; ValueError unless it is whole rows."""
-    if start % row or width % row:
-        raise ValueError(f"expected slabs of whole rows of {row} coordinates, got [{start}, {start + width})")
-    return width // row
-
-
-def rows_out_plan(module: nn.Module, prefix: str, lin: FrozenSchurLinear, row: int) -> list[RowPlan]:
-    """The plan writing ``lin``'s output slabs as rows of width ``row`` (a slab of ``k`` rows is ``k``
-    matmuls of one row each); registers ``{prefix}_weight_m`` ``[count, in, row]`` and ``{prefix}_bias_m``."""
-    plan: list[RowPlan] = []
-    for n, run in enumerate(lin.runs):
-        k = slab_rows(run.out_start, run.out_width, row)
-        weight, bias = lin._buffers[f"weight_{n}"], lin._buffers[f"bias_{n}"]
-        for j in range(k):
-            cols = slice(j * row, (j + 1) * row)
-            module.register_buffer(f"{prefix}_weight_{len(plan)}", weight[:, :, cols].contiguous())
-            module.register_buffer(
-                f"{prefix}_bias_{len(plan)}", None if bias is None else bias[:, :, cols].contiguous()
-            )
-            plan.append(RowPlan(run.count, run.in_start, run.in_width, run.out_start // row + j, k))
-    return plan
-
-
-def rows_in_plan(
-    module: nn.Module, prefix: str, lin: FrozenSchurLinear, row: int
-) -> tuple[list[RowPlan], list[RowPlan]]:
-    """The plan reading ``lin``'s input slabs from rows of width ``row``: ``(first, rest)``, the first row of
-    every slab written with the bias, the others accumulated. Registers ``{prefix}_{first|rest}_weight_m``
-    ``[count, row, out]`` and ``{prefix}_first_bias_m``."""
-    first: list[RowPlan] = []
-    rest: list[RowPlan] = []
-    for n, run in enumerate(lin.runs):
-        k = slab_rows(run.in_start, run.in_width, row)
-        weight, bias = lin._buffers[f"weight_{n}"], lin._buffers[f"bias_{n}"]
-        for j in range(k):
-            plan, name = (first, "first") if j == 0 else (rest, "rest")
-            module.register_buffer(
-                f"{prefix}_{name}_weight_{len(plan)}", weight[:, j * row : (j + 1) * row].contiguous()
-            )
-            if j == 0:
-                module.register_buffer(f"{prefix}_first_bias_{len(plan)}", bias)
-            plan.append(RowPlan(run.count, run.out_start, run.out_width, run.in_start // row + j, k))
-    return first, rest
-
-
-def _rows(rows: torch.Tensor, p: RowPlan) -> torch.Tensor:
-    return rows[p.first_row : p.first_row + p.count * p.step : p.step]
-
-
-def apply_rows_out(plan: list[RowPlan], prefix: str, buffers: dict, x: torch.Tensor, rows: torch.Tensor) -> None:
-    """``x [T, in]`` -> the rows ``[R, T, row]`` (see :func:`rows_out_plan`)."""
-    for m, p in enumerate(plan):
-        weight, bias = buffers[f"{prefix}_weight_{m}"], buffers[f"{prefix}_bias_{m}"]
-        matmul_into(_rows(rows, p), run_view(x, p.start, p.count, p.width), weight, bias)
-
-
-def apply_rows_in(
-    plans: tuple[list[RowPlan], list[RowPlan]], prefix: str, buffers: dict, rows: torch.Tensor, out: torch.Tensor
-) -> None:
-    """The rows ``[R, T, row]`` -> ``out [T, out]`` (see :func:`rows_in_plan`)."""
-    first, rest = plans
-    for m, p in enumerate(first):
-        weight, bias = buffers[f"{prefix}_first_weight_{m}"], buffers[f"{prefix}_first_bias_{m}"]
-        matmul_into(run_view(out, p.start, p.count, p.width), _rows(rows, p), weight, bias)
-    for m, p in enumerate(rest):
-        run_view(out, p.start, p.count, p.width).baddbmm_(_rows(rows, p), buffers[f"{prefix}_rest_weight_{m}"])
 
 
 def fourier_slab_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
@@ -313,8 +219,8 @@ class FourierSlabMlp(nn.Module):
         self.register_buffer("from_values", act.slab_forward.detach().clone().contiguous())
         self.act = act.act
         self._pointwise = _gelu_ if type(act.act) is nn.GELU else _pointwise_
-        self.fc1_plan = rows_out_plan(self, "fc1", fc1, n)
-        self.fc2_plans = rows_in_plan(self, "fc2", fc2, n)
+        self.fc1_plan = register_rows_out(self, "fc1", fc1, n)
+        self.fc2_plans = register_rows_in(self, "fc2", fc2, n)
         self.out_dim = fc2.out_dim
 
     def extra_repr(self) -> str:
@@ -323,12 +229,12 @@ class FourierSlabMlp(nn.Module):
 
     def _chunk(self, x: torch.Tensor, hidden: torch.Tensor, values: torch.Tensor, out: torch.Tensor, buffers) -> None:
         """One chunk: ``x [T, dim]`` -> ``out [T, out_dim]``, through ``hidden [s, T, n]`` and ``values [s, T n]``."""
-        apply_rows_out(self.fc1_plan, "fc1", buffers, x, hidden)
+        frozen_rows_out(self.fc1_plan, "fc1", buffers, x, hidden)
         flat = hidden.view(self.num_rows, -1)
         torch.mm(buffers["to_values"], flat, out=values)
         self._pointwise(self, values)
         torch.mm(buffers["from_values"], values, out=flat)
-        apply_rows_in(self.fc2_plans, "fc2", buffers, hidden, out)
+        frozen_rows_in(self.fc2_plans, "fc2", buffers, hidden, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., dim] -> [..., out_dim]``."""

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eqvit.nn.activation import FourierActivation, gelu_then_schur
+from eqvit.nn.activation import FourierActivation
 from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.fourier_mlp import mlp_plan, schur_fourier_mlp
 from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_features import FeatureType
@@ -24,9 +25,9 @@ class IrrepMlp(nn.Module):
 
     Two forwards, chosen at construction. With ``components``-layout types (Schur linears) it is
     ``fc2(act(fc1(x)))``: block matmuls, and the transforms as one small ``[|X_s|, |X_s|]`` matmul per
-    token and orbit around the GELU (:class:`FourierActivation`), so the linears stay block-sparse; for
-    the GELU the last two run as :func:`~eqvit.nn.activation.gelu_then_schur`, which keeps one
-    hidden-sized tensor for backward instead of two.
+    token and orbit around the GELU (:class:`FourierActivation`), so the linears stay block-sparse; with a
+    GELU the whole MLP runs on coefficient rows (:func:`~eqvit.nn.fourier_mlp.schur_fourier_mlp`: one GEMM
+    per transform, batched matmuls on runs of slabs, one hidden-sized tensor kept for backward).
     Otherwise it folds the Fourier transforms into the linear maps (:meth:`FourierActivation.fold`):
     ``W1' = FT^-1 W1``, ``W2' = W2 FT``, exactly a dense MLP of hidden width |X| with the pointwise
     ``sigma`` (the shape of a timm ``Mlp``); the folded weights are recomputed on every call
@@ -39,10 +40,16 @@ class IrrepMlp(nn.Module):
         self.fc1 = IrrepLinear(ftype, activation.ftype)
         self.act = activation
         self.fc2 = IrrepLinear(activation.ftype, ftype)
-        self.schur = self.fc1.schur and self.fc2.schur
-        # A strided GELU before a Schur fc2 keeps one hidden-sized tensor for backward (gelu_then_schur).
-        fused_tail = self.schur and activation.strided and type(activation.act) is nn.GELU
-        self._impl = (_schur_gelu_mlp if fused_tail else _schur_mlp) if self.schur else _folded_mlp
+        self.select_forward()
+
+    def select_forward(self) -> None:
+        """Pick the forward for the current layers (at construction, and after they are replaced, e.g. by
+        restriction to a subgroup): the folded dense MLP, or for Schur linears the row form when the
+        activation is a strided GELU (:func:`~eqvit.nn.fourier_mlp.schur_fourier_mlp`), else the plain chain."""
+        fc1, act, fc2 = self._modules["fc1"], self._modules["act"], self._modules["fc2"]
+        self.schur = fc1.schur and fc2.schur
+        self._rows_plan = mlp_plan(fc1, act, fc2) if self.schur else None
+        self._impl = (_rows_mlp if self._rows_plan is not None else _schur_mlp) if self.schur else _folded_mlp
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(W1' [|X|, dim], b1', W2' [dim, |X|], b2)`` of the dense MLP on values over X."""
@@ -73,9 +80,9 @@ def _schur_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
     return mods["fc2"](mods["act"](mods["fc1"](x)))
 
 
-def _schur_gelu_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
+def _rows_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
     mods = m._modules
-    return gelu_then_schur(mods["act"], mods["fc2"], mods["fc1"](x))
+    return schur_fourier_mlp(m._rows_plan, mods["fc1"], mods["act"], mods["fc2"], x)
 
 
 def irrep_block(

@@ -29,10 +29,10 @@ import math
 import numpy as np
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.recompute import recompute
 
 
 def irrep_layer_norm(
@@ -48,6 +48,34 @@ def irrep_layer_norm(
     z = torch.addcmul(x, x @ neg_center_col, mask)
     den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
     return torch.addcdiv(beta, z * gamma, den)
+
+
+class _IrrepLayerNorm(torch.autograd.Function):
+    """:func:`irrep_layer_norm` with its backward written out: keeps the input and two numbers per token
+    (minus the centre mean, the scale), where autograd would keep the centred token twice over."""
+
+    @staticmethod
+    def forward(ctx, x, neg_center_col, mask, gamma, beta, root):
+        neg_mean = x @ neg_center_col
+        z = torch.addcmul(x, neg_mean, mask)
+        den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
+        ctx.save_for_backward(x, neg_mean, den, neg_center_col, mask, gamma)
+        return torch.addcdiv(beta, z * gamma, den)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        # y = beta + gamma z / den, den = sqrt(|z|^2 + dim eps), z = x + (x @ n) mask (n = -centre weights):
+        # dz = (g - u (u . g)) / den with u = z / den, g = gamma dy; dx = dz + (dz @ mask) n.
+        x, neg_mean, den, neg_center_col, mask, gamma = ctx.saved_tensors
+        unit = torch.addcmul(x, neg_mean, mask).div_(den)  # z / den
+        lead = tuple(range(grad.ndim - 1))
+        grad_gamma = (grad * unit).sum(lead) if ctx.needs_input_grad[3] else None
+        grad_beta = grad.sum(lead) if ctx.needs_input_grad[4] else None
+        g = grad * gamma
+        dz = torch.addcmul(g, unit, torch.linalg.vecdot(unit, g).unsqueeze(-1), value=-1).div_(den)
+        grad_x = torch.addcmul(dz, dz @ mask.unsqueeze(-1), neg_center_col.squeeze(-1))
+        return grad_x, None, None, grad_gamma, grad_beta, None
 
 
 class IrrepLayerNorm(ExactBuffers):
@@ -111,8 +139,10 @@ class IrrepLayerNorm(ExactBuffers):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gamma, beta, mask, root = self._scaled_affine()
-        # Recomputed in backward: autograd would keep the centred token twice over (z, gamma z).
-        return recompute(irrep_layer_norm, x, self._buffers["neg_center_col"], mask, gamma, beta, root)
+        # Its own backward: autograd would keep the centred token twice over (z, gamma z).
+        if not torch.is_grad_enabled():
+            return irrep_layer_norm(x, self._buffers["neg_center_col"], mask, gamma, beta, root)
+        return _IrrepLayerNorm.apply(x, self._buffers["neg_center_col"], mask, gamma, beta, root)
 
     def reflect(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., dim] -> H x``: into (or, ``H`` being an involution, out of) the reflected basis."""

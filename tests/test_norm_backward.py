@@ -1,12 +1,15 @@
-"""Recompute-in-backward (eqvit.nn.recompute): the same gradients as plain autograd, fewer saved tensors."""
+"""The irrep-wise LayerNorm's written-out backward: autograd's gradients (float64, gradcheck), fewer saved tensors."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
 import eqvit
-from eqvit.nn.norm import IrrepLayerNorm, irrep_layer_norm
-from eqvit.nn.recompute import recompute
+from eqvit.groups import get_group
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.norm import IrrepLayerNorm, _IrrepLayerNorm, irrep_layer_norm
 
 
 def _saved_bytes(fn, *inputs) -> int:
@@ -26,20 +29,28 @@ def _norm() -> IrrepLayerNorm:
     return model.blocks[0].norm1
 
 
-def test_recompute_matches_autograd_and_gradcheck() -> None:
-    torch.manual_seed(0)
-    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+@pytest.mark.parametrize("layout", ["copies", "components"])
+@pytest.mark.parametrize("center", [None, "first_two"])
+def test_gradcheck(layout, center) -> None:
+    """Every input: the token, the per-coordinate gamma and beta; the default centre (trivial irrep) and
+    a restricted model's explicit one."""
+    torch.manual_seed(2)
+    ftype = FeatureType.regular(get_group("D4"), 2, layout=layout)
+    norm = IrrepLayerNorm(ftype, eps=1e-3, center=None if center is None else np.array([0, 3])).double()
+    x = torch.randn(2, 3, ftype.dim, dtype=torch.float64, requires_grad=True)
+    gamma = torch.randn(ftype.dim, dtype=torch.float64, requires_grad=True)
+    beta = torch.randn(ftype.dim, dtype=torch.float64, requires_grad=True)
+    mask, root = norm.center_mask, torch.tensor(0.1, dtype=torch.float64)
 
-    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(a * b).exp()
+    def fn(x, gamma, beta):
+        return _IrrepLayerNorm.apply(x, norm.neg_center_col, mask, gamma, beta, root)
 
-    assert torch.autograd.gradcheck(lambda a, b: recompute(fn, a, b), (x, w))
-    with torch.no_grad():  # a plain call: nothing is recorded
-        assert recompute(fn, x, w).grad_fn is None
+    assert torch.autograd.gradcheck(fn, (x, gamma, beta))
+    reference = irrep_layer_norm(x, norm.neg_center_col, mask, gamma, beta, root)
+    torch.testing.assert_close(fn(x, gamma, beta), reference, rtol=0, atol=0)
 
 
-def test_norm_recompute_same_gradients_fewer_saved() -> None:
+def test_norm_same_gradients_fewer_saved() -> None:
     torch.manual_seed(1)
     norm = _norm()
     with torch.no_grad():
