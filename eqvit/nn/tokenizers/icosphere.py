@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from eqvit.geometry.icosphere import icosphere
@@ -111,6 +112,7 @@ class IcospherePatchEmbed(nn.Module):
         self.in_chans = in_chans
         self.num_vertices = len(icosphere(input_level).vertices)
         self.register_buffer("gather_index", torch.from_numpy(self.lifting.gather_index.copy()), persistent=False)
+        self.register_buffer("tap_index", self.gather_index.reshape(-1).clone(), persistent=False)  # [3M P]
         self.proj = vit_linear(in_chans * self.lifting.taps, embed_dim)
 
     @property
@@ -123,9 +125,14 @@ class IcospherePatchEmbed(nn.Module):
         return torch.from_numpy(self.lifting.poses.copy())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, C, V] -> tokens [B, 3M, D]``."""
         B, C, _ = x.shape
-        patches = x[:, :, self.gather_index]  # [B, C, 3M, P]
-        return self.proj(patches.permute(0, 2, 1, 3).reshape(B, self.num_tokens, C * self.lifting.taps))
+        P = self.lifting.taps
+        # Whole vertices (all C channels) gathered tap-major: one row gather, no permuted copy; the
+        # projection's columns (channel-major, C P) are read in that tap-major order instead.
+        patches = x.transpose(1, 2).index_select(1, self.tap_index).view(B, self.num_tokens, P * C)
+        weight = self.proj.weight.view(-1, C, P).transpose(1, 2).reshape(-1, P * C)
+        return F.linear(patches, weight, self.proj.bias)
 
 
 class IcosphereUnpatchify(nn.Module):
