@@ -13,17 +13,21 @@ from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.posenc.frame_rope import FrameRoPE
 
 
+def _rope(group, batch: int, tokens: int, heads: int, head_dim: int, prefix: int, bound: bool, generator):
+    """A float64 frame RoPE on random positions of the tokens after the prefix: fixed, or bound per batch."""
+    positions = torch.randn(tokens - prefix, 2, generator=generator, dtype=torch.float64)
+    if bound:
+        return FrameRoPE(group, heads, head_dim).double().bind(positions.expand(batch, -1, -1))
+    return FrameRoPE(group, heads, head_dim, positions=positions).double()
+
+
 @pytest.mark.parametrize("bound", [False, True], ids=["fixed-positions", "bound-per-batch"])
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_heads_major_rotation_matches_the_reference(bound, prefix):
     group = get_group("D4")
     B, N, heads, D = 2, 5, 2, 6
     g = torch.Generator().manual_seed(0)
-    positions = torch.randn(N - prefix, 2, generator=g, dtype=torch.float64)
-    if bound:
-        rope = FrameRoPE(group, heads, D).double().bind(positions.expand(B, -1, -1))
-    else:
-        rope = FrameRoPE(group, heads, D, positions=positions).double()
+    rope = _rope(group, B, N, heads, D, prefix, bound, g)
     GH = group.order * heads
     qk = torch.randn(2, B, GH, N, D, generator=g, dtype=torch.float64)
     q_ref, k_ref = (
@@ -57,11 +61,7 @@ def test_frames_major_rotation_matches_the_reference(bound, prefix):
     group = get_group("D4")
     G, B, N, heads, D = group.order, 2, 5, 2, 6
     g = torch.Generator().manual_seed(1)
-    positions = torch.randn(N - prefix, 2, generator=g, dtype=torch.float64)
-    if bound:
-        rope = FrameRoPE(group, heads, D).double().bind(positions.expand(B, -1, -1))
-    else:
-        rope = FrameRoPE(group, heads, D, positions=positions).double()
+    rope = _rope(group, B, N, heads, D, prefix, bound, g)
     frames = torch.randn(G, B, N, 3, heads, D, generator=g, dtype=torch.float64)
     tokens = frames.permute(1, 2, 3, 0, 4, 5).reshape(B, N, 3, G * heads, D)  # frame j's heads: j H .. j H + H - 1
     q_ref, k_ref = rope.rotate_qk_tokens(tokens[:, :, 0], tokens[:, :, 1], prefix)
