@@ -180,3 +180,19 @@ def test_rows_mlp_under_autocast():
     assert x.grad.dtype == torch.float32 and all(p.grad.dtype == torch.float32 for p in mlp.parameters())
     with torch.no_grad():
         assert (out.float() - _schur_mlp(mlp, x)).abs().max() <= 0.05 * out.float().abs().max()
+
+
+def test_flop_counter_sees_every_matmul():
+    """``FlopCounterMode`` counts the fused MLP at the Schur minimum plus the two transforms (an in-place
+    ``baddbmm_`` would slip past it: the accumulating rows use the counted ``out=`` form)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mlp = _mlp("D4", copies=3, hidden_copies=5)
+    slab = _slab(mlp, 512)
+    T = 7
+    x = torch.randn(T, mlp.in_type.dim, dtype=torch.float64)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        slab(x)
+    schur = sum(m.numel() for m in mlp.fc1.schur_mats() + mlp.fc2.schur_mats() if m is not None)
+    s, n = slab.num_rows, slab.row_width
+    assert counter.get_total_flops() == 2 * T * schur + 2 * (2 * s * s * n * T)

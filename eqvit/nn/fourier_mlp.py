@@ -24,6 +24,7 @@ from torch.autograd.function import once_differentiable
 from eqvit.nn.slabs import (
     RowPlan,
     SlabRun,
+    accumulate_into,
     apply_rows_in,
     apply_rows_out,
     row_plan_in,
@@ -149,9 +150,8 @@ class _SchurFourierMlp(torch.autograd.Function):
             inputs = run_view(x, p.start, p.count, p.width)
             d_w1[p.run][p.sub] = torch.bmm(inputs.transpose(1, 2), h)
             d_b1[p.run][p.sub] = h.sum(1)
-            run_view(d_x, p.start, p.count, p.width).baddbmm_(
-                h, w1[p.run][:, :, p.sub * n : (p.sub + 1) * n].transpose(1, 2)
-            )
+            weight = w1[p.run][:, :, p.sub * n : (p.sub + 1) * n].transpose(1, 2)
+            accumulate_into(run_view(d_x, p.start, p.count, p.width), h, weight)
         grads1 = _per_term(
             plan.runs1, [torch.cat(blocks, dim=2) for blocks in d_w1], [torch.cat(b, dim=1) for b in d_b1]
         )

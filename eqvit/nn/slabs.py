@@ -94,6 +94,12 @@ def matmul_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: 
         torch.baddbmm(bias, x, weight, out=out)
 
 
+def accumulate_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """``out += x @ weight`` batched, in the (strided) view ``out`` (the ``out=`` form of ``baddbmm``:
+    ``FlopCounterMode`` counts it, unlike ``Tensor.baddbmm_``)."""
+    torch.baddbmm(out, x, weight, out=out)
+
+
 class RowPlan(NamedTuple):
     """One batched matmul between token-major features ``[T, dim]`` and rows ``[R, T, row]``: the ``count``
     slabs of ``width`` from column ``start`` on one side, the rows ``first_row + i * step`` (``i < count``) on
@@ -161,4 +167,4 @@ def apply_rows_in(
     for p, (weight, bias) in zip(first, first_weights):
         matmul_into(run_view(out, p.start, p.count, p.width), rows_of(rows, p), weight, bias)
     for p, weight in zip(rest, rest_weights):
-        run_view(out, p.start, p.count, p.width).baddbmm_(rows_of(rows, p), weight)
+        accumulate_into(run_view(out, p.start, p.count, p.width), rows_of(rows, p), weight)
