@@ -189,7 +189,7 @@ def test_scale_speed_quick(tmp_path, capsys):
     from eqvit.bench.scale_speed import main
 
     out = tmp_path / "scale.json"
-    main(["--quick", "--sizes", "small", "--octic", str(tmp_path / "no_peer"), "--out", str(out)])
+    main(["--quick", "--sizes", "small", "--profile", "--octic", str(tmp_path / "no_peer"), "--out", str(out)])
     result = json.loads(out.read_text())
     info = result["sizes"]["small"]["info"]
     assert set(info) == {"timm", "eqvit_d4", "platonic_d4"}
@@ -198,5 +198,7 @@ def test_scale_speed_quick(tmp_path, capsys):
     assert result["sizes"]["small"]["training"]["models"]["eqvit_d4"]["ratio"] > 0
     for m in result["sizes"]["small"]["training"]["models"].values():  # the total holds parameters and AdamW state
         assert m["training_memory_mb"] > m["peak_allocated_mb"]
+    profile = result["sizes"]["small"]["profiles"]["eqvit_d4 b=1"]
+    assert profile and all(row["self_ms"] >= 0 for row in profile) and sum(row["share"] for row in profile) <= 1.0001
     printed = capsys.readouterr().out
-    assert "skipped octic" in printed and "FLOPs / timm" in printed
+    assert "skipped octic" in printed and "FLOPs / timm" in printed and "profile, fused eqvit_d4 b=1" in printed

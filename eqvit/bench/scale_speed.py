@@ -31,9 +31,10 @@ and AdamW state, which live across steps, plus the peak of forward, backward and
 :func:`training_memory_mb`). ``os.getloadavg()`` is recorded before and after each measurement.
 
 Usage: ``python benchmarks/scale_speed.py [--sizes small base] [--batches 1 8] [--threads 1 2]
-[--rounds N] [--models eqvit_d4 platonic_d4 octic] [--quick]`` (``--models``: the rows timed beside
-timm); ``--quick`` is a smoke run (depth 2, 64^2 images, batch 1, 1 thread, 2
-rounds) for CI. Writes ``benchmarks/results/scale_speed.json`` (``--out``) and prints a table.
+[--rounds N] [--models eqvit_d4 platonic_d4 octic] [--profile] [--quick]`` (``--models``: the rows timed
+beside timm; ``--profile``: the top operators by self time of the fused D4 forward at each batch, 1
+thread); ``--quick`` is a smoke run (depth 2, 64^2 images, batch 1, 1 thread, 2 rounds) for CI.
+Writes ``benchmarks/results/scale_speed.json`` (``--out``) and prints a table.
 """
 
 from __future__ import annotations
@@ -227,6 +228,22 @@ def training_memory_mb(model: nn.Module, x: torch.Tensor, target: torch.Tensor) 
     return resident + peak
 
 
+def profile_forward(model: nn.Module, x: torch.Tensor, top: int = 15) -> list[dict]:
+    """The ``top`` operators of two no-grad forwards by self CPU time (``torch.profiler``): name, calls,
+    self ms per forward and share of the total."""
+    with torch.no_grad():
+        model(x)
+        with torch.profiler.profile() as prof:
+            model(x)
+            model(x)
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [
+        dict(op=e.key, calls=e.count // 2, self_ms=e.self_cpu_time_total / 2e3, share=e.self_cpu_time_total / total)
+        for e in events[:top]
+    ]
+
+
 # ----------------------------------------------------------------------------------------- driver
 def run(args: argparse.Namespace) -> dict:
     octic_pkg = None if args.no_octic else load_octic(Path(args.octic))
@@ -289,7 +306,13 @@ def run(args: argparse.Namespace) -> dict:
                 m["peak_ratio"] = None if not (m["peak_mb"] and timm_peak) else m["peak_mb"] / timm_peak
                 m["peak_allocated_ratio"] = m["peak_allocated_mb"] / timm_alloc
                 m["training_memory_ratio"] = m["training_memory_mb"] / timm_total
-        out["sizes"][size] = dict(info=info, forward=forward, training=training)
+        profiles = {}
+        if args.profile and "eqvit_d4" in built:
+            torch.set_num_threads(1)
+            for batch in args.batches:
+                x = torch.randn(batch, 3, args.img_size, args.img_size)
+                profiles[f"eqvit_d4 b={batch}"] = profile_forward(built["eqvit_d4"][1], x)
+        out["sizes"][size] = dict(info=info, forward=forward, training=training, profiles=profiles)
         del built
     return out
 
@@ -341,6 +364,12 @@ def table(result: dict) -> str:
                     for m in (t["models"][n] for n in names)
                 )
             )
+        for label, rows in r.get("profiles", {}).items():
+            lines.append(f"\nprofile, fused {label}, 1 thread (self ms per forward, share):")
+            lines += [
+                f"  {row['op'][:58]:58s} {row['calls']:5d} calls {row['self_ms']:8.2f} ms {row['share']:6.1%}"
+                for row in rows
+            ]
     lines.append("\nratio = median per-round time ratio to timm (cells: ratio x median ms); 1 = timm's time")
     for s in result["meta"]["skipped"]:
         lines.append(f"skipped {s}")
@@ -356,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-rounds", type=int, default=3)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--no-train", action="store_true", help="skip the training step")
+    parser.add_argument("--profile", action="store_true", help="top operators of the fused eqvit_d4 forward")
     parser.add_argument(
         "--models", nargs="+", default=list(MODELS[1:]), choices=MODELS[1:], help="rows beside timm (always timed)"
     )
