@@ -21,6 +21,7 @@ from typing import Any
 BENCHMARKS: dict[str, str] = {
     "ablate": "cross-group ablations on the sphere, images and point clouds (swe | images | points | attention)",
     "device": "the device and the flash-attention SDPA check as JSON (benchmarks/_device.py)",
+    "fuse_agreement": "eqvit.fuse against the training form for every registered model (float64)",
     "groups_timing": "cold construction time of the Platonic groups",
     "import_time": "start-up cost of `import eqvit` and `eqvit list` against `import torch, timm`",
     "o2_data_efficiency": "data efficiency of O(2)-subgroup ViTs on rotated MNIST or an image folder (--image-folder)",

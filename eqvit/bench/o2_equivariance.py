@@ -28,7 +28,7 @@ import eqvit
 from eqvit.bench._paths import results_dir
 from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS
 from eqvit.nn.tokenizers.square import SQUARE_GROUPS
-from eqvit.testing import assert_equivariant
+from eqvit.testing import assert_equivariant, randomise_parameters_
 
 FAMILIES = {"square": ("o2vit_square_tiny", SQUARE_GROUPS), "hex": ("o2vit_hex_tiny", HEX_GROUPS)}
 LAYOUTS = ("coupled", "irrepwise")
@@ -38,12 +38,7 @@ def noisy_model(name: str, group: str, attention: str, seed: int = 0) -> torch.n
     """The float64 model with N(0, 1/fan_in) noise on matrices and N(0, 0.01) on vectors."""
     torch.manual_seed(seed)
     model = eqvit.create_model(name, group=group, attention=attention).double().eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            std = p[0].numel() ** -0.5 if p.ndim >= 2 else 0.1
-            p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
-    return model
+    return randomise_parameters_(model, seed)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
