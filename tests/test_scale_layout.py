@@ -202,3 +202,15 @@ def test_scale_speed_quick(tmp_path, capsys):
     assert profile and all(row["self_ms"] >= 0 for row in profile) and sum(row["share"] for row in profile) <= 1.0001
     printed = capsys.readouterr().out
     assert "skipped octic" in printed and "FLOPs / timm" in printed and "profile, fused eqvit_d4 b=1" in printed
+
+
+def test_peer_folder_follows_the_environment_then_the_checkout(monkeypatch, tmp_path):
+    from eqvit.bench import _paths
+
+    monkeypatch.setenv("EQVIT_PEERS", str(tmp_path))
+    assert _paths.peers_dir() == tmp_path
+    monkeypatch.delenv("EQVIT_PEERS")
+    monkeypatch.setattr(_paths, "repo_root", lambda: tmp_path / "checkout")
+    assert _paths.peers_dir() == tmp_path / "shared" / "peers"  # ../shared/peers beside the checkout
+    monkeypatch.setattr(_paths, "repo_root", lambda: None)  # a wheel install: no default, the column is skipped
+    assert _paths.peers_dir() is None

@@ -30,6 +30,16 @@ def results_dir() -> Path:
     return (root if root is not None else Path.cwd()) / "benchmarks" / "results"
 
 
+def peers_dir() -> Path | None:
+    """Where peer code for side-by-side benchmarks lives: ``$EQVIT_PEERS``, else ``../shared/peers`` beside
+    the checkout (the project's layout), else ``None`` (a wheel install: the peer columns are skipped)."""
+    override = os.environ.get("EQVIT_PEERS")
+    if override:
+        return Path(override)
+    root = repo_root()
+    return root.parent / "shared" / "peers" if root is not None else None
+
+
 def config_path(name: str) -> Path:
     """``configs/NAME`` of the checkout; in a wheel, ``configs/NAME`` under the current folder."""
     root = repo_root()

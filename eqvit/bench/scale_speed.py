@@ -8,12 +8,12 @@ MLP ratio 4, 1000 classes, float32:
   timed in its inference form ``eqvit.fuse(model)``;
 * ``platonic_d4``: ``platonic_d4_{small,base}_patch16_224`` (D4 frames), fused likewise;
 * ``octic``: octic-vits' ``OcticVisionTransformer`` (Apache-2.0, loaded at run time from
-  ``/work/shared/peers/octic_vits`` or ``--octic PATH``, never copied), all 12 blocks octic and the
-  power-spectrum invariant head. Its constructor cannot build that (``octic_equi_break_layer`` -1 and
-  12 fail its asserts), so it is built with 11, the last block is replaced by an octic block and the
-  break layer set to 12; its Triton GELU does not run on a CPU, so every block's activation is its
-  plain ``GeluD8`` wrapped for the 5-tuple layout its MLP passes. Without the folder the column is
-  skipped and the table says so.
+  ``$EQVIT_PEERS/octic_vits``, ``../shared/peers/octic_vits`` beside the checkout, or ``--octic PATH``;
+  never copied), all 12 blocks octic and the power-spectrum invariant head. Its constructor cannot build
+  that (``octic_equi_break_layer`` -1 and 12 fail its asserts), so it is built with 11, the last block
+  is replaced by an octic block and the break layer set to 12; its Triton GELU does not run on a CPU, so
+  every block's activation is its plain ``GeluD8`` wrapped for the 5-tuple layout its MLP passes.
+  Without the folder the column is skipped and the table says so.
 
 For every (size, threads, batch) the forwards (``eval()``, ``no_grad``) run in interleaved rounds, the
 order rotating from round to round; the figure is the median over rounds of the per-round time
@@ -60,11 +60,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
 from eqvit.bench._memory import peak_allocated_mb
-from eqvit.bench._paths import results_dir
+from eqvit.bench._paths import peers_dir, results_dir
 
 SIZES = {"small": dict(embed_dim=384, num_heads=6), "base": dict(embed_dim=768, num_heads=12)}
 MODELS = ("timm", "eqvit_d4", "platonic_d4", "octic")
-OCTIC_DEFAULT = Path("/work/shared/peers/octic_vits")
+OCTIC_DEFAULT = None if peers_dir() is None else peers_dir() / "octic_vits"
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -246,10 +246,11 @@ def profile_forward(model: nn.Module, x: torch.Tensor, top: int = 15) -> list[di
 
 # ----------------------------------------------------------------------------------------- driver
 def run(args: argparse.Namespace) -> dict:
-    octic_pkg = None if args.no_octic else load_octic(Path(args.octic))
+    octic_pkg = None if args.no_octic or args.octic is None else load_octic(Path(args.octic))
     chosen = ["timm", *args.models]  # timm is the reference of every ratio
     names = [n for n in MODELS if n in chosen and (n != "octic" or octic_pkg is not None)]
-    why = "--no-octic" if args.no_octic else f"no folder {args.octic}"
+    where = args.octic or "../shared/peers (not a checkout; pass --octic PATH)"
+    why = "--no-octic" if args.no_octic else f"no octic_vits package at {where}"
     skipped = [] if octic_pkg is not None or "octic" not in chosen else [f"octic: {why}"]
     out = dict(
         meta=dict(
@@ -389,7 +390,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--models", nargs="+", default=list(MODELS[1:]), choices=MODELS[1:], help="rows beside timm (always timed)"
     )
-    parser.add_argument("--octic", default=str(OCTIC_DEFAULT), help="folder of the octic_vits package")
+    default_octic = None if OCTIC_DEFAULT is None else str(OCTIC_DEFAULT)
+    parser.add_argument("--octic", default=default_octic, help="folder of the octic_vits package")
     parser.add_argument("--no-octic", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke run: depth 2, 64^2 images, batch 1, 1 thread")
     parser.add_argument("--out", default=None)
