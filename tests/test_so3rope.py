@@ -267,7 +267,7 @@ def test_token_major_fast_path_equals_rotate_qk(head_dim, prefix):
     assert not torch.allclose(fast_q, q)  # it does rotate
 
 
-@pytest.mark.parametrize("head_dim", [16, 30])
+@pytest.mark.parametrize("head_dim", [4, 16, 30])
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_stacked_in_place_on_qkv_view_equals_rotate_qk(head_dim, prefix):
     """Attention rotates q and k in place in its qkv output ``[B, N, 3, H, D]``; that must equal
@@ -295,6 +295,16 @@ def test_stacked_in_place_on_qkv_view_equals_rotate_qk(head_dim, prefix):
     expected = torch.stack([q2.transpose(1, 2), k2.transpose(1, 2), view[:, :, 2]], dim=2)
     (grad_ref,) = torch.autograd.grad((expected * weight).sum(), src)
     assert (grad - grad_ref).abs().max() <= 1e-13
+
+
+def test_stacked_in_place_order_zero_is_the_identity():
+    """L = 0 rotates nothing (pi = D^0 = 1); the in-place path returns its input untouched."""
+    rope = SO3RoPE(3, poses=random_rotations(N, generator=_gen(6)))
+    assert rope.max_order == 0
+    qk = torch.randn(B, N, 2, H, 3)
+    before = qk.clone()
+    assert rope.rotate_qk_stacked_(qk) is qk
+    assert torch.equal(qk, before)
 
 
 def test_stacked_in_place_needs_a_view():

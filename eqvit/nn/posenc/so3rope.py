@@ -48,10 +48,12 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
             self._check_poses(poses)
             pi = wigner_D_blocks(L, poses.to(torch.float64))
             self.register_exact_buffer("pi", pi)
-            # Transposed copy for the token-major path (x @ pi^T per token).
-            self.register_exact_buffer("pi_t", pi.transpose(-1, -2).contiguous())
+            # For the in-place path (x @ pi^T per token): the transposed blocks of orders 1..L only.
+            # Order 0 is the identity, and dropping it leaves 24 x 24 matrices at L = 4, which
+            # batched matmul runs faster than 25 x 25 ones (aligned to the vector width).
+            self.register_exact_buffer("pi_t_moving", pi[:, 1:, 1:].transpose(-1, -2).contiguous())
         else:
-            self.pi = self.pi_t = None
+            self.pi = self.pi_t_moving = None
 
     def _check_poses(self, poses: torch.Tensor) -> None:
         if poses.ndim not in (3, 4) or poses.shape[-2:] != (3, 3):
@@ -91,15 +93,18 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
     def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         """In place on ``qk [B, N, 2, H, D]`` (q then k; typically a view into attention's qkv output).
 
-        Per sample one batched matmul over tokens, ``[N, 2 H, k] @ pi_t [N, k, k]``, read from and
-        written back to a strided view of the first k channels of every query and key head: no
-        stack, cat or transpose copies, and the channels past k are never touched. Returns ``qk``.
+        Per sample one batched matmul over tokens, ``[N, 2 H, k - 1] @ pi_t_moving [N, k - 1, k - 1]``,
+        read from and written back to a strided view of channels 1..k-1 of every query and key head:
+        no stack, cat or transpose copies; channel 0 (order 0, invariant) and the channels past k are
+        never touched. Returns ``qk``.
         """
         B, N = qk.shape[:2]
         self._check_fixed(qk, num_prefix_tokens, token_axis=1)
+        if self.max_order == 0:
+            return qk  # pi = D^0 = 1
         # view, not reshape: a copy here would silently drop the in-place write
-        rows = qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:, :, : self.rotated_dim]
-        pi_t = self.pi_t.to(qk.dtype)
+        rows = qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:, :, 1 : self.rotated_dim]
+        pi_t = self.pi_t_moving.to(qk.dtype)
         # One matmul per sample: a single one over (b, n) would need pi_t repeated B times.
         for b in range(B):  # rows[b], not unbind: autograd forbids in-place writes to unbind's views
             rows[b].copy_(torch.bmm(rows[b], pi_t))
