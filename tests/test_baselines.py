@@ -230,3 +230,28 @@ def test_s2transformer_deep_copy_shares_only_the_registered_kernel():
         assert torch.equal(a, b) and (a.data_ptr() != b.data_ptr() or a.numel() == 0), k
     attn, attn_clone = model.model.blocks[0].self_attn, clone.model.blocks[0].self_attn
     assert attn_clone.attention_handle is attn.attention_handle and attn_clone is not attn
+
+
+def test_rotation_variants_compute_the_models_rotation():
+    """The floor study times other forms of SO(3)-RoPE's rotation; each must rotate exactly as the model does."""
+    bench = _load_benchmark()
+    rope = models.create_model("so3vit_tiny").double().posenc
+    qkv = torch.randn(2, rope.pi.shape[0], 3, 2, rope.head_dim, dtype=torch.float64)
+    expected = qkv.clone()
+    rope.rotate_qk_stacked_(expected[:, :, :2])
+    variants = bench.rotation_variants(rope)
+    assert {"all_orders", "per_order", "two_bands", "matmul_only"} <= set(variants)
+    for name, rotate in variants.items():
+        out = qkv.clone()
+        rotate(out)
+        if name == "matmul_only":  # writes nothing back
+            assert torch.equal(out, qkv)
+        else:
+            assert (out - expected).abs().max() <= 1e-13, name
+
+
+def test_profile_stages_times_every_stage():
+    bench = _load_benchmark()
+    stages = bench.profile_stages("so3vit_tiny", torch.device("cpu"), batch=1, repeats=1, warmup=0)
+    assert {"forward", "lifting", "blocks", "blocks_no_rope", "head", "wigner", "wigner_per_order"} <= set(stages)
+    assert all(ms > 0 for ms in stages.values())

@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -318,11 +319,55 @@ def ratios(raw: dict, reference: str, candidate: str | None, norope: str | None,
     return out
 
 
+def rotation_variants(rope: torch.nn.Module) -> dict[str, Callable[[torch.Tensor], None]]:
+    """Other forms of SO(3)-RoPE's in-place rotation of ``qkv [B, N, 3, H, D]`` (q and k), same poses.
+
+    ``all_orders``: orders 0..L in one ``[N, 2H, k] @ [N, k, k]`` matmul per sample (the form before
+    order 0, the identity, was dropped); ``per_order``: one matmul per order 1..L (the block-diagonal
+    minimum of multiply-adds, sum (2l+1)^2); ``two_bands``: orders 1..2 and 3..L as two matmuls;
+    ``matmul_only``: the model's matmul into a fresh tensor without the write back, the floor of
+    its form.
+    """
+    k, pi = rope.rotated_dim, rope.pi
+    pi_t = pi.transpose(-1, -2)
+
+    def blocks_of(bands: list[tuple[int, int]]) -> Callable[[torch.Tensor], None]:
+        mats = [pi_t[:, a:b, a:b].contiguous() for a, b in bands]
+
+        def rotate(qkv: torch.Tensor) -> None:
+            B, N, _, H, D = qkv.shape
+            rows = qkv.view(B, N, 3 * H, D)[:, :, : 2 * H]
+            for b in range(B):
+                for (lo, hi), m in zip(bands, mats):
+                    view = rows[b, :, :, lo:hi]
+                    view.copy_(torch.bmm(view, m))
+
+        return rotate
+
+    def matmul_only(qkv: torch.Tensor) -> None:
+        B, N, _, H, D = qkv.shape
+        rows = qkv.view(B, N, 3 * H, D)[:, :, : 2 * H, 1:k]
+        for b in range(B):
+            torch.bmm(rows[b], rope.pi_t_moving)
+
+    L = rope.max_order
+    variants = {
+        "all_orders": blocks_of([(0, k)]),
+        "per_order": blocks_of([(l * l, (l + 1) ** 2) for l in range(1, L + 1)]),
+        "matmul_only": matmul_only,
+    }
+    if L >= 3:
+        variants["two_bands"] = blocks_of([(1, 9), (9, k)])
+    return variants
+
+
 def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, warmup: int) -> dict[str, float]:
     """Median ms of each stage of an SO3ViT forward (``no_grad``), timed in interleaved rounds.
 
     ``blocks`` run with SO(3)-RoPE and ``blocks_no_rope`` the same blocks without it; ``wigner`` is the
-    rotation of queries and keys alone (all blocks); ``head`` the final norm and the unpatchify.
+    rotation of queries and keys alone (all blocks), in place on a qkv tensor as attention runs it;
+    ``head`` the final norm and the unpatchify. The ``wigner_*`` stages time other forms of the same
+    rotation on the same poses (:func:`rotation_variants`), the evidence for what the rotation can cost.
     """
     torch.manual_seed(0)
     model = build(spec).to(device).eval()
@@ -333,8 +378,7 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
         rope = model.posenc.rope_for(encoded)
         H = model.config["num_heads"]
         D = model.embed_dim // H
-        q = torch.randn(batch, tokens.shape[1], H, D, device=device)
-        k = torch.randn_like(q)
+        qkv = torch.randn(batch, tokens.shape[1], 3, H, D, device=device)
 
     def blocks(r):
         t = tokens
@@ -344,7 +388,7 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
 
     def wigner():
         for _ in model.blocks:
-            rope.rotate_qk_tokens(q, k, 0)
+            rope.rotate_qk_stacked_(qkv[:, :, :2], 0)
 
     stages = {
         "forward": lambda: model(x),
@@ -354,8 +398,10 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
         "blocks_no_rope": lambda: blocks(None),
         "head": lambda: model.head(model.norm(tokens)),
     }
-    if rope is not None:
+    if rope is not None and rope.pi is not None:
         stages["wigner"] = wigner
+        for name, rotate in rotation_variants(rope).items():
+            stages[f"wigner_{name}"] = lambda rotate=rotate: [rotate(qkv) for _ in model.blocks]
     times: dict[str, list[float]] = {name: [] for name in stages}
     names = list(stages)
     with torch.no_grad():
