@@ -100,8 +100,7 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
         """
         B, N = qk.shape[:2]
         self._check_fixed(qk, num_prefix_tokens, token_axis=1)
-        if self.max_order == 0:
-            return qk  # pi = D^0 = 1
+        # At L = 0 (pi = D^0 = 1) the channel slice is empty and so is the matmul: nothing moves.
         # view, not reshape: a copy here would silently drop the in-place write
         rows = qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:, :, 1 : self.rotated_dim]
         pi_t = self.pi_t_moving.to(qk.dtype)
