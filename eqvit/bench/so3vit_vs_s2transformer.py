@@ -386,9 +386,12 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
             t = block(t, r, 0)
         return t
 
-    def wigner():
-        for _ in model.blocks:
-            rope.rotate_qk_stacked_(qkv[:, :, :2], 0)
+    def per_block(rotate: Callable[[torch.Tensor], Any]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in model.blocks:
+                rotate(qkv)
+
+        return run
 
     stages = {
         "forward": lambda: model(x),
@@ -399,9 +402,8 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
         "head": lambda: model.head(model.norm(tokens)),
     }
     if rope is not None and rope.pi is not None:
-        stages["wigner"] = wigner
-        for name, rotate in rotation_variants(rope).items():
-            stages[f"wigner_{name}"] = lambda rotate=rotate: [rotate(qkv) for _ in model.blocks]
+        stages["wigner"] = per_block(lambda t: rope.rotate_qk_stacked_(t[:, :, :2], 0))
+        stages.update({f"wigner_{name}": per_block(rotate) for name, rotate in rotation_variants(rope).items()})
     times: dict[str, list[float]] = {name: [] for name in stages}
     names = list(stages)
     with torch.no_grad():
