@@ -148,7 +148,8 @@ class IcosphereUnpatchify(nn.Module):
         self.out_chans = out_chans
         V = len(icosphere(input_level).vertices)
         self.num_vertices = V
-        index = torch.from_numpy(self.lifting.gather_index.reshape(-1).copy())
+        # Tap-major (p, n): the projection's output rows (c, p) then land as [C, P N] without a permute.
+        index = torch.from_numpy(self.lifting.gather_index.T.reshape(-1).copy())
         counts = torch.bincount(index, minlength=V).double()
         if (counts == 0).any():
             raise RuntimeError("some vertices are not covered by any patch")
@@ -157,14 +158,13 @@ class IcosphereUnpatchify(nn.Module):
         self.proj = vit_linear(embed_dim, out_chans * self.lifting.taps)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, 3M, D] -> [B, C_out, V]``."""
         B, N, _ = tokens.shape
-        taps = self.lifting.taps
-        values = (
-            self.proj(tokens)
-            .reshape(B, N, self.out_chans, taps)
-            .permute(0, 2, 1, 3)
-            .reshape(B, self.out_chans, N * taps)
-        )
+        # Channels-first values [B, C_out P, N] = W tokens^T + b straight from one (batched) matmul: the
+        # rows (c, p) of the projection and the tap-major scatter index need no permuted copy.
+        weight = self.proj.weight.expand(B, -1, -1)
+        values = torch.baddbmm(self.proj.bias[:, None], weight, tokens.transpose(1, 2))
+        values = values.view(B, self.out_chans, N * self.lifting.taps)
         # values, not tokens: under autocast the projection is bf16 while the tokens may be fp32 (a learned APE).
         out = values.new_zeros(B, self.out_chans, self.num_vertices).index_add_(2, self.scatter_index, values)
         return out * self.inv_count.to(out.dtype)
