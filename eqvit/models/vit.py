@@ -6,6 +6,7 @@ family modules only register configurations.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -257,7 +258,9 @@ class EquivariantViT(nn.Module):
 
     def forward_features(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Inputs -> normalised tokens ``[B, N, embed_dim]``."""
-        *_, tokens = self.forward_blocks(*inputs)
+        # Only the last block's tokens stay referenced (``*_, tokens = ...`` would keep every block's
+        # output alive to the end: fresh memory for each block instead of reusing the one before).
+        (tokens,) = deque(self.forward_blocks(*inputs), maxlen=1)
         return self.norm(tokens)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
