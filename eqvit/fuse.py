@@ -17,6 +17,9 @@ basis (:mod:`eqvit.nn.norm`): every norm becomes one ``F.layer_norm`` read throu
 the cost of timm's. Their intermediate token maps (``forward_intermediates``) are then in that basis;
 take maps from the unfused model.
 
+SO(3)-RoPE with fixed poses (SO3ViT) rotates queries and keys on a compiled CPU kernel where one builds
+(:mod:`eqvit.nn.fused_so3rope`, :mod:`eqvit.kernels`); elsewhere its matmul form is kept.
+
 Each layer type has one fuser (:func:`register_fuser`); a module without one is kept and its
 children are fused.
 """
@@ -30,6 +33,7 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.kernels.so3 import SO3RotationKernel
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.basis import AttentionInBasis
 from eqvit.nn.fused import (
@@ -64,6 +68,7 @@ from eqvit.nn.fused_schur import (
     fourier_slab_mlp_applies,
     schur_coupled_attention_applies,
 )
+from eqvit.nn.fused_so3rope import KernelSO3RoPE
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp
 from eqvit.nn.layers import Block, FeatureGather
@@ -74,6 +79,7 @@ from eqvit.nn.posenc.base import NoPositionalEncoding
 from eqvit.nn.posenc.frame_rope import FrameRoPE
 from eqvit.nn.posenc.invariant import InvariantAPE
 from eqvit.nn.posenc.learned import OrbitAPE
+from eqvit.nn.posenc.so3rope import SO3RoPE
 from eqvit.nn.regular import FOURIER_COST_RATIO, GroupConvLinear, RegularLayerNorm, RegularLayerScale
 from eqvit.nn.tokenizers.planar import GroupPatchEmbed, PlanarTokenizer
 from eqvit.nn.tokenizers.platonic import LiftedSquarePatchEmbed
@@ -175,6 +181,17 @@ def _invariant_ape(m: InvariantAPE) -> nn.Module:
 @register_fuser(OrbitAPE)
 def _orbit_ape(m: OrbitAPE) -> nn.Module:
     return FrozenAPE(m.embedding())
+
+
+@register_fuser(SO3RoPE)
+def _so3rope(m: SO3RoPE) -> nn.Module:
+    """Fixed poses: the rotation on the compiled CPU kernel where it builds (:mod:`eqvit.kernels`)."""
+    if isinstance(m, KernelSO3RoPE) or m.pi is None:
+        return m
+    kernel = SO3RotationKernel.load()
+    if kernel is None or m.max_order > kernel.max_order:
+        return m
+    return KernelSO3RoPE(m, kernel)
 
 
 @register_fuser(AttentionInBasis)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 
 def close_match_hint(name: str, valid: Iterable[str]) -> str:
@@ -19,3 +21,9 @@ def unknown_name_error(kind: str, name: str, valid: Iterable[str], cls: type[Val
     valid = list(valid)
     shown = ", ".join(str(v) for v in valid[:40]) + (", ..." if len(valid) > 40 else "")
     return cls(f"unknown {kind} {name!r}.{close_match_hint(name, valid)} Valid: {shown}")
+
+
+def cache_dir() -> Path:
+    """Where eqvit keeps what it derives once per machine (parsed datasets, built kernels):
+    ``$EQVIT_CACHE``, default ``~/.cache/eqvit``."""
+    return Path(os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser()

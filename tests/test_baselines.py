@@ -17,6 +17,7 @@ from randomise import randomise_
 from eqvit import models
 from eqvit.data.shallow_water import latlon_points
 from eqvit.groups import get_group
+from eqvit.kernels.so3 import SO3RotationKernel
 from eqvit.models.baselines import S2TransformerBaseline, default_theta_cutoff
 from eqvit.testing import EquivarianceError, assert_equivariant
 
@@ -182,18 +183,21 @@ def test_benchmark_smoke(tmp_path, capsys):
         "s2transformer_tiny",
         "so3vit_tiny",
         "so3vit_tiny[posenc=none]",
+        "so3vit_tiny[fused]",  # its inference form, eqvit.fuse
         "timm_blocks:2x32,2h,240t",  # the no-overhead limit: the candidate's blocks alone
     }
     assert result["headline"]["reference"] == "s2transformer_tiny" and result["headline"]["candidate"] == "so3vit_tiny"
     assert result["headline"]["speedup"] > 0 and result["headline"]["rope_overhead"] > 0
     assert result["headline"]["over_bare"] > 0 and result["headline"]["bare_speedup"] > 0
+    assert result["headline"]["fused"] == "so3vit_tiny[fused]"
+    assert min(result["headline"][k] for k in ("fused_speedup", "fused_over_bare", "fused_rope_overhead")) > 0
     assert (
         len(result["forward_ms_raw"]["so3vit_tiny"]) == 3 and len(result["forward_ms_raw"]["s2transformer_tiny"]) == 2
     )
     assert result["machine"]["torch"] == torch.__version__ and result["machine"]["cpu_count"] >= 1
     printed = capsys.readouterr().out
     assert "SO(3)-RoPE overhead" in printed and "speed-up over s2transformer_tiny" in printed
-    assert "over the bare blocks" in printed
+    assert "over the bare blocks" in printed and "so3vit_tiny[fused] over the bare blocks" in printed
     # The memory measurement that the CLI runs in a fresh process, here in-process.
     mem = bench.memory_worker("so3vit_tiny", "cpu", batch=2, steps=1)
     assert mem["peak_mb"] >= mem["model_tensors_mb"] > 0 and len(mem["train_step_ms"]) == 1
@@ -253,5 +257,16 @@ def test_rotation_variants_compute_the_models_rotation():
 def test_profile_stages_times_every_stage():
     bench = _load_benchmark()
     stages = bench.profile_stages("so3vit_tiny", torch.device("cpu"), batch=1, repeats=1, warmup=0)
-    assert {"forward", "lifting", "blocks", "blocks_no_rope", "head", "wigner", "wigner_per_order"} <= set(stages)
+    assert {
+        "forward",
+        "forward_fused",
+        "lifting",
+        "blocks",
+        "blocks_no_rope",
+        "head",
+        "wigner",
+        "wigner_per_order",
+    } <= set(stages)
+    if SO3RotationKernel.load(warn=False) is not None:
+        assert {"wigner_kernel", "blocks_kernel"} <= set(stages)
     assert all(ms > 0 for ms in stages.values())

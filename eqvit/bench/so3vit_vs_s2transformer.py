@@ -16,6 +16,10 @@ plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"
   it is everything SO3ViT adds to plain attention blocks (latitude encoding, lifting, SO(3)-RoPE,
   final norm, unpatchify); the S2Transformer over it bounds the speed-up any ViT on these tokens
   can reach on this machine. ``--batches 1 4`` times every model at each batch size.
+* The candidate's inference form, ``eqvit.fuse(candidate)`` (``name[fused]``; ``--no-fused`` skips it),
+  timed with the others: its SO(3)-RoPE rotation runs the compiled CPU kernel
+  (:mod:`eqvit.kernels.so3`) where one builds, else it is the training form's matmul. The
+  ``fused_*`` ratios are those of the inference form.
 * ``--profile``: the candidate's forward split into its stages (latitude encoding, lifting, the
   blocks with and without SO(3)-RoPE, the Wigner rotation alone, final norm + unpatchify), timed
   in interleaved rounds.
@@ -59,6 +63,7 @@ import torch
 
 from eqvit.bench import device as _device
 from eqvit.bench._paths import results_dir
+from eqvit.nn.fused_so3rope import KernelSO3RoPE
 
 DEFAULT_MODELS = [
     "s2transformer_4x128",
@@ -70,6 +75,7 @@ DEFAULT_MODELS = [
 DEFAULT_OUT = results_dir() / "so3vit_vs_s2transformer.json"
 TARGETS = {"speedup": 8.0, "memory_ratio": 3.0, "rope_overhead": 1.05, "over_bare": 1.05}
 NOROPE = "[posenc=none]"  # suffix of the candidate's variant without SO(3)-RoPE
+FUSED = "[fused]"  # suffix of a model's inference form, eqvit.fuse(model)
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,10 +107,12 @@ def bare_spec(model: torch.nn.Module) -> str:
 
 
 def build(spec: str) -> torch.nn.Module:
-    """A registered model name, optionally with the ``[posenc=none]`` suffix or JSON kwargs ``name{...}``;
-    or a bare-block spec ``timm_blocks:4x128,4h,960t``."""
-    from eqvit import models
+    """A registered model name, optionally with the ``[posenc=none]`` suffix or JSON kwargs ``name{...}``,
+    then optionally ``[fused]`` (its inference form); or a bare-block spec ``timm_blocks:4x128,4h,960t``."""
+    from eqvit import fuse, models
 
+    if spec.endswith(FUSED):
+        return fuse(build(spec[: -len(FUSED)]))
     if spec.startswith(BARE):
         match = re.fullmatch(r"(\d+)x(\d+),(\d+)h,(\d+)t", spec[len(BARE) :])
         if match is None:
@@ -304,14 +312,20 @@ def _ratio(raw: dict[str, list[dict[str, float]]], a: str | None, b: str | None)
     return med, (statistics.median(paired) if paired else None)
 
 
-def ratios(raw: dict, reference: str, candidate: str | None, norope: str | None, bare: str | None) -> dict[str, Any]:
-    """The headline ratios at one batch size: speed-ups over the reference, overheads over the limits."""
+def ratios(
+    raw: dict, reference: str, candidate: str | None, norope: str | None, bare: str | None, fused: str | None = None
+) -> dict[str, Any]:
+    """The headline ratios at one batch size: speed-ups over the reference, overheads over the limits,
+    for the candidate's training form and (``fused_*``) its inference form."""
     out: dict[str, Any] = {"forward_ms_median": {s: statistics.median(t["ms"] for t in v) for s, v in raw.items()}}
     for key, (a, b) in {
         "speedup": (reference, candidate),
         "bare_speedup": (reference, bare),
         "over_bare": (candidate, bare),
         "rope_overhead": (candidate, norope),
+        "fused_speedup": (reference, fused),
+        "fused_over_bare": (fused, bare),
+        "fused_rope_overhead": (fused, norope),
     }.items():
         r = _ratio(raw, a, b)
         if r is not None:
@@ -368,14 +382,20 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
     rotation of queries and keys alone (all blocks), in place on a qkv tensor as attention runs it;
     ``head`` the final norm and the unpatchify. The ``wigner_*`` stages time other forms of the same
     rotation on the same poses (:func:`rotation_variants`), the evidence for what the rotation can cost.
+    ``forward_fused`` is the inference form (:func:`eqvit.fuse`); where its rotation runs the compiled
+    kernel, ``wigner_kernel`` times that rotation alone and ``blocks_kernel`` the blocks with it.
     """
+    from eqvit import fuse
+
     torch.manual_seed(0)
     model = build(spec).to(device).eval()
+    fused = fuse(model)
     x = example_input(model, batch, device)
     with torch.no_grad():
         encoded = model.input_encoding(x)
         tokens = model.embed_tokens(encoded)
         rope = model.posenc.rope_for(encoded)
+        fused_rope = fused.posenc.rope_for(encoded)
         H = model.config["num_heads"]
         D = model.embed_dim // H
         qkv = torch.randn(batch, tokens.shape[1], 3, H, D, device=device)
@@ -395,6 +415,7 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
 
     stages = {
         "forward": lambda: model(x),
+        "forward_fused": lambda: fused(x),
         "latitude_encoding": lambda: model.input_encoding(x),
         "lifting": lambda: model.embed_tokens(encoded),
         "blocks": lambda: blocks(rope),
@@ -404,6 +425,9 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
     if rope is not None and rope.pi is not None:
         stages["wigner"] = per_block(lambda t: rope.rotate_qk_stacked_(t[:, :, :2], 0))
         stages.update({f"wigner_{name}": per_block(rotate) for name, rotate in rotation_variants(rope).items()})
+    if isinstance(fused_rope, KernelSO3RoPE):
+        stages["blocks_kernel"] = lambda: blocks(fused_rope)
+        stages["wigner_kernel"] = per_block(lambda t: fused_rope.rotate_qk_stacked_(t[:, :, :2], 0))
     times: dict[str, list[float]] = {name: [] for name in stages}
     names = list(stages)
     with torch.no_grad():
@@ -474,10 +498,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reference = pick(args.models, args.reference, "s2transformer") or args.models[0]
     candidate = pick(args.models, args.candidate, "so3vit")
     specs = list(args.models)
-    norope = bare = None
+    norope = bare = fused = None
     if candidate is not None:
         built = models.create_model(candidate)
         cfg = getattr(built, "config", {})
+        if not args.no_fused:
+            fused = candidate + FUSED
+            specs.append(fused)
         if cfg.get("posenc") == "so3rope":
             norope = candidate + NOROPE
             specs.append(norope)
@@ -529,8 +556,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "memory_ratio": ref_mem / peak if ref_mem and peak else None,
             }
         )
-    headline: dict[str, Any] = {"reference": reference, "candidate": candidate, "bare": bare, "targets": TARGETS}
-    per_batch = {b: ratios(t["raw"], reference, candidate, norope, bare) for b, t in timings.items()}
+    headline: dict[str, Any] = {
+        "reference": reference,
+        "candidate": candidate,
+        "fused": fused,
+        "bare": bare,
+        "targets": TARGETS,
+    }
+    per_batch = {b: ratios(t["raw"], reference, candidate, norope, bare, fused) for b, t in timings.items()}
     headline.update(per_batch[args.batches[0]])
     if candidate is not None:
         cand_mem = memory.get(candidate, {}).get("peak_mb")
@@ -604,6 +637,9 @@ def print_report(result: dict[str, Any]) -> None:
             ("bare_speedup", f"bare blocks / {ref} speed-up"),
             ("over_bare", f"{head['candidate']} over the bare blocks"),
             ("rope_overhead", "SO(3)-RoPE over none"),
+            ("fused_speedup", f"{head.get('fused')} / {ref} speed-up"),
+            ("fused_over_bare", f"{head.get('fused')} over the bare blocks"),
+            ("fused_rope_overhead", f"{head.get('fused')} over none"),
         ):
             if key in h:
                 parts.append(f"{label} {fmt_ratio(h[key])} (paired {fmt_ratio(h.get(key + '_paired_median'))})")
@@ -652,6 +688,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidate", default=None, help="headline model (default: first so3vit*)")
     p.add_argument("--no-memory", action="store_true", help="skip the training-memory measurement")
     p.add_argument("--no-bare", action="store_true", help="skip the bare timm-block stack (the no-overhead limit)")
+    p.add_argument("--no-fused", action="store_true", help="skip the candidate's inference form (eqvit.fuse)")
     p.add_argument("--batches", type=int, nargs="+", default=[1], help="forward batch sizes (default 1)")
     p.add_argument("--profile", action="store_true", help="also time the candidate's forward stage by stage")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from eqvit.utils import cache_dir as eqvit_cache_dir
+
 # The 12 standard targets, in the column order of ``targets``: (name, csv column, xyz field, native unit).
 # xyz fields count from 0 after the "gdb" tag: index, A, B, C, mu, alpha, homo, lumo, gap, r2, zpve, U0, U, H, G, Cv.
 TARGETS: tuple[tuple[str, str, int, str], ...] = (
@@ -260,10 +262,6 @@ def read_xyz_folder(root: str | os.PathLike) -> QM9Arrays:
 # --------------------------------------------------------------------------------------- cache
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser()
-
-
 def _source_key(root: str | os.PathLike | None) -> str:
     """A name for the cache file that changes when the source does."""
     if root is None:
@@ -276,7 +274,7 @@ def _source_key(root: str | os.PathLike | None) -> str:
 
 def load_qm9(root: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None) -> QM9Arrays:
     """All molecules (qm9pack, or the ``.xyz`` files in ``root``), parsed once and then read from the cache."""
-    folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir() / "qm9"
+    folder = Path(cache_dir).expanduser() if cache_dir is not None else eqvit_cache_dir() / "qm9"
     path = folder / f"{_source_key(root)}-v{_CACHE_VERSION}.npz"
     if path.is_file():
         with np.load(path, allow_pickle=False) as z:

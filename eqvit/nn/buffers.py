@@ -35,16 +35,21 @@ class ExactBuffers(nn.Module):
             masters[name] = value.detach().to(device="cpu", dtype=torch.float64)
         super().__setattr__(name, value)
 
+    def exact_buffer(self, name: str) -> torch.Tensor:
+        """Buffer ``name`` in float64 on the CPU: its master, unless the buffer was changed in place since."""
+        master, current = self._exact_masters[name], getattr(self, name)
+        if torch.equal(current, master.to(device=current.device, dtype=current.dtype)):
+            return master
+        return current.detach().to(device="cpu", dtype=torch.float64)
+
     _in_apply = False
 
     def _apply(self, fn, recurse: bool = True):
         # A buffer changed in place since its master was taken (``buffer.mul_(2)``, an edited
         # geometry) is the truth now: adopt it as the master, so that a cast does not silently undo
         # the change (an equivariance check on a float64 copy must see the model as it is).
-        for name, master in self._exact_masters.items():
-            current = getattr(self, name)
-            if not torch.equal(current, master.to(device=current.device, dtype=current.dtype)):
-                self._exact_masters[name] = current.detach().to(device="cpu", dtype=torch.float64)
+        for name in self._exact_masters:
+            self._exact_masters[name] = self.exact_buffer(name)
         super()._apply(fn, recurse)
         object.__setattr__(self, "_in_apply", True)
         try:

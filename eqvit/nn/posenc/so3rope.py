@@ -32,28 +32,42 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
         poses: optional fixed token poses ``[N, 3, 3]``; their block-diagonal Wigner-D matrices
             are precomputed once as a buffer and used by ``rotate_qk``.
         max_order: L; defaults to the largest that fits.
+        wigner: instead of ``poses``, their matrices pi ``[N, (L+1)^2, (L+1)^2]`` (what
+            :func:`eqvit.fuse` passes on to the inference form).
     """
 
     is_rotary = True
 
-    def __init__(self, head_dim: int, poses: torch.Tensor | None = None, max_order: int | None = None) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        poses: torch.Tensor | None = None,
+        max_order: int | None = None,
+        *,
+        wigner: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         L = max_order_for(head_dim) if max_order is None else max_order
         if (L + 1) ** 2 > head_dim or L < 0:
             raise ValueError(f"max_order {L} needs (L+1)^2 = {(L + 1) ** 2} channels, head_dim is {head_dim}")
         self.head_dim = head_dim
         self.max_order = L
-        self.rotated_dim = (L + 1) ** 2
+        self.rotated_dim = k = (L + 1) ** 2
+        if poses is not None and wigner is not None:
+            raise ValueError("pass the token poses or their Wigner-D matrices, not both")
         if poses is not None:
             self._check_poses(poses)
-            pi = wigner_D_blocks(L, poses.to(torch.float64))
-            self.register_exact_buffer("pi", pi)
-            # For the in-place path (x @ pi^T per token): the transposed blocks of orders 1..L only.
-            # Order 0 is the identity, and dropping it leaves 24 x 24 matrices at L = 4, which
-            # batched matmul runs faster than 25 x 25 ones (aligned to the vector width).
-            self.register_exact_buffer("pi_t_moving", pi[:, 1:, 1:].transpose(-1, -2).contiguous())
-        else:
+            wigner = wigner_D_blocks(L, poses.to(torch.float64))
+        if wigner is None:
             self.pi = self.pi_t_moving = None
+            return
+        if wigner.ndim != 3 or wigner.shape[1:] != (k, k):
+            raise ValueError(f"expected Wigner-D matrices [N, {k}, {k}] at order {L}, got {list(wigner.shape)}")
+        self.register_exact_buffer("pi", wigner)
+        # For the in-place path (x @ pi^T per token): the transposed blocks of orders 1..L only.
+        # Order 0 is the identity, and dropping it leaves 24 x 24 matrices at L = 4, which
+        # batched matmul runs faster than 25 x 25 ones (aligned to the vector width).
+        self.register_exact_buffer("pi_t_moving", wigner[:, 1:, 1:].transpose(-1, -2).contiguous())
 
     def _check_poses(self, poses: torch.Tensor) -> None:
         if poses.ndim not in (3, 4) or poses.shape[-2:] != (3, 3):

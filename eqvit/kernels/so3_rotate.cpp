@@ -1,0 +1,165 @@
+// SO(3)-RoPE's rotation of queries and keys, in place, for the inference form (eqvit.fuse).
+//
+// Every row x (one query or key head of one token) is multiplied by the token's block-diagonal
+// Wigner-D matrix pi = D^0 + D^1 + ... + D^L on its first (L+1)^2 channels. D^0 = 1, so orders 1..L
+// move: x[l^2 .. l^2 + 2l] <- D^l x[l^2 .. l^2 + 2l]. A batched matmul over tokens pays for the
+// zero blocks of pi and for a write back; here each order is its own small product, computed for
+// W rows at once with the rows in the vector lanes (the heads of a token share its matrix): a tile
+// of W rows is loaded as vectors and transposed in registers, rotated, transposed back and stored.
+//
+// Built on first use by eqvit.kernels (c++ -O3 -march=native -fopenmp -shared) and called through
+// ctypes. Tokens are split over OpenMP threads (the libgomp that torch has loaded, when it has).
+
+#include <cstring>
+
+namespace {
+
+constexpr long kMaxOrder = 15;
+constexpr long kMaxMoving = (kMaxOrder + 1) * (kMaxOrder + 1) - 1;  // channels 1..(L+1)^2-1
+
+template <typename T, int W>
+struct Lanes {
+  typedef T type __attribute__((vector_size(W * sizeof(T))));
+};
+
+template <typename V>
+inline V load(const void* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+
+template <typename V>
+inline void store(void* p, V v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// W x W transpose in registers: v[r][c] <- v[c][r].
+inline void transpose(Lanes<float, 8>::type* v) {
+  typedef Lanes<float, 8>::type V;
+  V t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shufflevector(v[i], v[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(v[i], v[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    v[i + 4] = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
+inline void transpose(Lanes<double, 4>::type* v) {
+  typedef Lanes<double, 4>::type V;
+  V t0 = __builtin_shufflevector(v[0], v[1], 0, 4, 2, 6), t1 = __builtin_shufflevector(v[0], v[1], 1, 5, 3, 7);
+  V t2 = __builtin_shufflevector(v[2], v[3], 0, 4, 2, 6), t3 = __builtin_shufflevector(v[2], v[3], 1, 5, 3, 7);
+  v[0] = __builtin_shufflevector(t0, t2, 0, 1, 4, 5);
+  v[1] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
+  v[2] = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+  v[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+}
+
+// One order: out[i] = sum_j P[i][j] in[j], i, j < D, every lane (row) at once.
+template <typename T, int W, int D>
+inline __attribute__((always_inline)) void rotate_order(const typename Lanes<T, W>::type* __restrict__ in,
+                                                        typename Lanes<T, W>::type* __restrict__ out,
+                                                        const T* __restrict__ P) {
+  typedef typename Lanes<T, W>::type V;
+  for (int i = 0; i < D; ++i) {
+    const T* Pi = P + i * D;
+    V acc = in[0] * Pi[0];
+    for (int j = 1; j < D; ++j) acc += in[j] * Pi[j];
+    out[i] = acc;
+  }
+}
+
+// Orders 1..L on the moving channels (index c = channel - 1; order l holds c = l^2 - 1 .. l^2 + 2l - 1).
+template <typename T, int W>
+inline void rotate_orders(const typename Lanes<T, W>::type* in, typename Lanes<T, W>::type* out, const T* P, long L) {
+  for (long l = 1; l <= L; ++l) {
+    const long c = l * l - 1;
+    switch (l) {  // each order's width is a compile-time constant: the products unroll fully
+#define EQVIT_ORDER(n)                                          \
+  case n:                                                       \
+    rotate_order<T, W, 2 * n + 1>(in + c, out + c, P);          \
+    break;
+      EQVIT_ORDER(1) EQVIT_ORDER(2) EQVIT_ORDER(3) EQVIT_ORDER(4) EQVIT_ORDER(5)
+      EQVIT_ORDER(6) EQVIT_ORDER(7) EQVIT_ORDER(8) EQVIT_ORDER(9) EQVIT_ORDER(10)
+      EQVIT_ORDER(11) EQVIT_ORDER(12) EQVIT_ORDER(13) EQVIT_ORDER(14) EQVIT_ORDER(15)
+#undef EQVIT_ORDER
+    }
+    P += (2 * l + 1) * (2 * l + 1);
+  }
+}
+
+// W full rows x[r * sr + channel] of one token: whole groups of W moving channels go through
+// transposes, the remaining (< W) channels are gathered lane by lane.
+template <typename T, int W>
+void rotate_tile(T* x, long sr, const T* P, long L) {
+  typedef typename Lanes<T, W>::type V;
+  V in[kMaxMoving], out[kMaxMoving];
+  const long moving = (L + 1) * (L + 1) - 1, grouped = moving / W * W;
+  T* x1 = x + 1;  // channel 0 (order 0) stays
+  for (long g = 0; g < grouped; g += W) {
+    for (int r = 0; r < W; ++r) in[g + r] = load<V>(x1 + r * sr + g);
+    transpose(in + g);
+  }
+  for (long c = grouped; c < moving; ++c) {
+    for (int r = 0; r < W; ++r) in[c][r] = x1[r * sr + c];
+  }
+  rotate_orders<T, W>(in, out, P, L);
+  for (long g = 0; g < grouped; g += W) {
+    transpose(out + g);
+    for (int r = 0; r < W; ++r) store<V>(x1 + r * sr + g, out[g + r]);
+  }
+  for (long c = grouped; c < moving; ++c) {
+    for (int r = 0; r < W; ++r) x1[r * sr + c] = out[c][r];
+  }
+}
+
+// x: [batch, tokens, rows, >= (L+1)^2] with element strides (sb, sn, sr, 1);
+// blocks: [tokens, sum_{l=1..L} (2l+1)^2], token n's blocks D^1 .. D^L row-major, contiguous.
+template <typename T, int W>
+void rotate(T* x, long batch, long tokens, long rows, long sb, long sn, long sr, const T* blocks, long L,
+            int threads) {
+  long per_token = 0;
+  for (long l = 1; l <= L; ++l) per_token += (2 * l + 1) * (2 * l + 1);
+  const long width = (L + 1) * (L + 1), total = batch * tokens;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && total >= 64)
+  for (long t = 0; t < total; ++t) {
+    const long b = t / tokens, n = t % tokens;
+    T* token = x + b * sb + n * sn;
+    const T* P = blocks + n * per_token;
+    long r0 = 0;
+    for (; r0 + W <= rows; r0 += W) rotate_tile<T, W>(token + r0 * sr, sr, P, L);
+    if (r0 < rows) {  // fewer than W rows left: through a zero-padded tile
+      T tile[W * (kMaxMoving + 1)] = {};
+      for (long r = r0; r < rows; ++r) std::memcpy(tile + (r - r0) * width, token + r * sr, width * sizeof(T));
+      rotate_tile<T, W>(tile, width, P, L);
+      for (long r = r0; r < rows; ++r) std::memcpy(token + r * sr, tile + (r - r0) * width, width * sizeof(T));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// The largest order L the kernels unroll; eqvit.fuse keeps the matmul form above it.
+long eqvit_so3_rotate_max_order() { return kMaxOrder; }
+
+void eqvit_so3_rotate_f32(float* x, long batch, long tokens, long rows, long sb, long sn, long sr,
+                          const float* blocks, long L, int threads) {
+  rotate<float, 8>(x, batch, tokens, rows, sb, sn, sr, blocks, L, threads);
+}
+
+void eqvit_so3_rotate_f64(double* x, long batch, long tokens, long rows, long sb, long sn, long sr,
+                          const double* blocks, long L, int threads) {
+  rotate<double, 4>(x, batch, tokens, rows, sb, sn, sr, blocks, L, threads);
+}
+}

@@ -1,0 +1,45 @@
+"""SO(3)-RoPE's inference form: the fixed-pose rotation on the compiled CPU kernel.
+
+The training form rotates queries and keys with one batched matmul per sample over the tokens'
+dense ``24 x 24`` matrices (at L = 4) and writes the result back. Block by block (D^1 .. D^L) the
+same rotation is 164 instead of 576 products per row, and the kernel (:mod:`eqvit.kernels.so3`) does
+it in place with the heads of a token in the vector lanes: 3.5x faster than the matmul on the
+shallow-water SO3ViT (``benchmarks/so3vit_vs_s2transformer.py --profile``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks
+from eqvit.nn.posenc.so3rope import SO3RoPE
+
+
+class KernelSO3RoPE(SO3RoPE):
+    """An :class:`SO3RoPE` with fixed poses whose ``rotate_qk_stacked_`` runs ``kernel``.
+
+    The kernel takes CPU float32 / float64 tensors outside autograd; anything else (a GPU, autocast's
+    bf16, gradients through a fused model) takes the matmul of :class:`SO3RoPE`, which computes the
+    same rotation.
+    """
+
+    def __init__(self, rope: SO3RoPE, kernel: SO3RotationKernel) -> None:
+        if rope.pi is None:
+            raise ValueError("KernelSO3RoPE needs an SO3RoPE built with fixed poses")
+        if rope.max_order > kernel.max_order:
+            raise ValueError(f"the kernel rotates orders up to {kernel.max_order}, the scheme has {rope.max_order}")
+        pi = rope.exact_buffer("pi")
+        super().__init__(rope.head_dim, max_order=rope.max_order, wigner=pi)
+        self.register_exact_buffer("wigner_blocks", pack_wigner_blocks(pi, rope.max_order))
+        self.kernel = kernel
+        self.to(device=rope.pi.device, dtype=rope.pi.dtype)
+
+    def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """In place on ``qk [B, N, 2, H, D]``, as :meth:`SO3RoPE.rotate_qk_stacked_`."""
+        B, N = qk.shape[:2]
+        self._check_fixed(qk, num_prefix_tokens, token_axis=1)
+        rows = qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:]
+        if not self.kernel.supports(rows, self.wigner_blocks):
+            return super().rotate_qk_stacked_(qk, num_prefix_tokens)
+        self.kernel.rotate_(rows, self.wigner_blocks, self.max_order)
+        return qk

@@ -1,0 +1,165 @@
+"""The optional compiled CPU kernels (``eqvit.kernels``): built on first use, the same function as the
+PyTorch forms they stand in for, and a clean fallback where they cannot be built."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import shutil
+
+import pytest
+import torch
+from randomise import randomise_
+
+import eqvit
+from eqvit import kernels, models
+from eqvit.groups import get_group
+from eqvit.groups.so3 import wigner_D_blocks
+from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks
+from eqvit.nn.fused_so3rope import KernelSO3RoPE
+from eqvit.nn.posenc import SO3RoPE
+from eqvit.testing import EquivarianceError, assert_equivariant
+
+KERNEL = SO3RotationKernel.load(warn=False)
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C++ compiler builds eqvit/kernels/so3_rotate.cpp here")
+
+
+def random_poses(n: int, seed: int = 0) -> torch.Tensor:
+    q, _ = torch.linalg.qr(torch.randn(n, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))
+    return q * torch.linalg.det(q).sign()[:, None, None]  # proper rotations
+
+
+def test_pack_wigner_blocks_keeps_orders_1_to_L_row_major():
+    L = 3
+    pi = wigner_D_blocks(L, random_poses(5))
+    packed = pack_wigner_blocks(pi, L)
+    assert packed.shape == (5, 9 + 25 + 49) and packed.is_contiguous()
+    assert torch.equal(packed[:, :9].view(5, 3, 3), pi[:, 1:4, 1:4])
+    assert torch.equal(packed[:, 9 + 25 :].view(5, 7, 7), pi[:, 9:16, 9:16])
+    assert pack_wigner_blocks(pi[:, :1, :1], 0).shape == (5, 0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("head_dim", "heads", "max_order", "prefix"),
+    [
+        (32, 4, None, 0),  # SO3ViT's shapes at width 128: 8 rows, L = 4
+        (32, 3, None, 1),  # 6 rows: a partial vector of lanes; a class token left alone
+        (9, 1, 2, 0),  # 2 rows, every channel rotated
+        (4, 5, 1, 2),  # L = 1
+        (1, 2, 0, 0),  # L = 0: nothing moves
+        (256, 2, 15, 0),  # the largest order the kernel unrolls
+    ],
+)
+def test_kernel_rotates_as_the_matmul_does(dtype, head_dim, heads, max_order, prefix):
+    N, B = 7, 3
+    rope = SO3RoPE(head_dim, poses=random_poses(N), max_order=max_order).to(dtype)
+    fused = KernelSO3RoPE(rope, KERNEL)
+    assert fused.wigner_blocks.dtype == dtype
+    qkv = torch.randn(B, N + prefix, 3, heads, head_dim, dtype=torch.float64).to(dtype)
+    expected, got = qkv.clone(), qkv.clone()
+    rope.rotate_qk_stacked_(expected[:, :, :2], prefix)
+    assert fused.rotate_qk_stacked_(got[:, :, :2], prefix).data_ptr() == got.data_ptr()
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    assert (got - expected).abs().max() <= tolerance
+    assert torch.equal(got[:, :, 2], qkv[:, :, 2]) and torch.equal(got[:, :prefix], qkv[:, :prefix])  # v, prefix
+    k = rope.rotated_dim
+    assert torch.equal(got[..., k:], qkv[..., k:]) and torch.equal(got[..., 0], qkv[..., 0])
+    if k > 1:
+        assert (got[:, prefix:, :2] - qkv[:, prefix:, :2]).abs().max() > 0.1  # it did rotate
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_split_over_threads_rotates_every_token(threads):
+    """Enough tokens for the OpenMP split (>= 64 per call): every token gets its own matrix."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rope = SO3RoPE(32, poses=random_poses(300, seed=1)).double()
+        qkv = torch.randn(3, 300, 3, 4, 32, dtype=torch.float64)
+        expected, got = qkv.clone(), qkv.clone()
+        rope.rotate_qk_stacked_(expected[:, :, :2])
+        KernelSO3RoPE(rope, KERNEL).rotate_qk_stacked_(got[:, :, :2])
+        assert (got - expected).abs().max() <= 1e-12
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_kernel
+def test_kernel_outside_its_domain_takes_the_matmul():
+    """Gradients (ctypes writes are invisible to autograd) and bf16 go through SO3RoPE's matmul."""
+    rope = SO3RoPE(16, poses=random_poses(6))
+    fused = KernelSO3RoPE(rope, KERNEL)
+    qkv = torch.randn(2, 6, 3, 2, 16, requires_grad=True)
+    out = fused.rotate_qk_stacked_(qkv.clone()[:, :, :2])
+    expected = rope.rotate_qk_stacked_(qkv.clone()[:, :, :2])
+    assert torch.allclose(out, expected, atol=1e-6)
+    (grad,) = torch.autograd.grad(out.square().sum(), qkv)
+    assert torch.allclose(grad[:, :, :2], 2 * qkv[:, :, :2], atol=1e-5)  # a rotation keeps norms
+    half = qkv.detach().bfloat16()
+    assert torch.equal(
+        fused.to(torch.bfloat16).rotate_qk_stacked_(half.clone()[:, :, :2]),
+        rope.to(torch.bfloat16).rotate_qk_stacked_(half.clone()[:, :, :2]),
+    )
+    with pytest.raises(ValueError, match="channel stride 1"):
+        KERNEL.rotate_(torch.randn(1, 6, 2, 16, requires_grad=True), fused.wigner_blocks.float(), 3)
+    with pytest.raises(ValueError, match="expected blocks"):
+        KERNEL.rotate_(torch.randn(1, 5, 2, 16), fused.wigner_blocks.float(), 3)
+
+
+@needs_kernel
+def test_fuse_puts_so3vit_rope_on_the_kernel_and_keeps_it_equivariant():
+    model = randomise_(models.create_model("so3vit_tiny")).double().eval()
+    fused = eqvit.fuse(model)
+    assert isinstance(fused.posenc, KernelSO3RoPE) and type(model.posenc) is SO3RoPE
+    x = model.domain.random_input(2, model.in_chans)
+    with torch.no_grad():
+        assert (fused(x) - model(x)).abs().max() <= 1e-12 * model(x).abs().max()
+    assert_equivariant(fused, batch_size=1)
+    assert eqvit.fuse(fused).posenc.kernel is fused.posenc.kernel  # fusing again keeps it
+    assert copy.deepcopy(fused).posenc.kernel is KERNEL
+    assert isinstance(pickle.loads(pickle.dumps(KERNEL)), SO3RotationKernel)
+
+
+@needs_kernel
+def test_a_kernel_with_a_wrong_block_fails_the_equivariance_check():
+    fused = eqvit.fuse(randomise_(models.create_model("so3vit_tiny")).double())
+    with torch.no_grad():  # swap two tokens' blocks: still rotations, no longer their poses'
+        fused.posenc.wigner_blocks[[0, 1]] = fused.posenc.wigner_blocks[[1, 0]]
+    with pytest.raises(EquivarianceError):
+        assert_equivariant(fused, group=get_group("I"), batch_size=1)
+
+
+def test_without_kernels_fuse_keeps_the_matmul(monkeypatch):
+    monkeypatch.setenv("EQVIT_KERNELS", "0")
+    assert kernels.load("so3_rotate") is None and SO3RotationKernel.load() is None
+    fused = eqvit.fuse(models.create_model("so3vit_tiny"))
+    assert type(fused.posenc) is SO3RoPE
+
+
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
+    monkeypatch.setenv("EQVIT_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    kernels._outcome.cache_clear()
+    kernels._warn_once.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="cannot run the C\\+\\+ compiler"):
+            assert kernels.load("so3_rotate") is None
+        assert kernels.load("so3_rotate", warn=False) is None
+        assert not list(tmp_path.glob("kernels/*.so"))
+    finally:
+        kernels._outcome.cache_clear()
+        kernels._warn_once.cache_clear()
+
+
+def test_a_compile_error_is_reported(monkeypatch, tmp_path):
+    source = tmp_path / "broken.cpp"
+    source.write_text("this is not C++\n")
+    monkeypatch.setattr(kernels, "SOURCE_DIR", tmp_path)
+    monkeypatch.setenv("EQVIT_CACHE", str(tmp_path / "cache"))
+    if shutil.which(kernels._compiler()[0]) is None:
+        pytest.skip("no C++ compiler here")
+    with pytest.raises(kernels.KernelUnavailable, match=r"building broken\.cpp failed"):
+        kernels._build_and_load("broken")
