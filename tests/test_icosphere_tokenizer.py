@@ -192,3 +192,45 @@ def test_embed_and_unpatchify_are_covariant(lifting, group_I):
             moved_tokens = torch.empty_like(tokens)
             moved_tokens[:, sigma] = tokens
             assert torch.allclose(head(moved_tokens), domain.act(g, out), rtol=0, atol=1e-13)
+
+
+def test_a_patch_three_tokens_read_one_lattice_turned(lifting):
+    """Token (f, s) reads the vertices of token (f, 0), its lattice turned: the lifting gathers each patch once."""
+    taps = lifting.orientation_taps
+    assert np.array_equal(taps[0], np.arange(lifting.taps))
+    per_patch = lifting.gather_index.reshape(-1, 3, lifting.taps)
+    for s in (1, 2):
+        assert sorted(taps[s]) == list(range(lifting.taps)) and not np.array_equal(taps[s], taps[0])
+        assert np.array_equal(per_patch[:, s][:, taps[s]], per_patch[:, 0])
+    assert np.array_equal(lifting.face_index, per_patch[:, 0])
+
+
+def test_embed_and_unpatchify_compute_their_definitions():
+    """The patch-at-once forms against one token at a time: token t is ``W x[:, gather[t]]`` (columns
+    (c, p)); the unpatchify writes ``W_out token`` onto each token's taps and averages per vertex."""
+    torch.manual_seed(0)
+    embed = IcospherePatchEmbed(2, 5, INPUT_LEVEL, PATCH_LEVEL).double()
+    head = IcosphereUnpatchify(5, 2, INPUT_LEVEL, PATCH_LEVEL).double()
+    gather = torch.from_numpy(embed.lifting.gather_index.copy())  # [N, P]
+    N, P = gather.shape
+    x = torch.randn(3, 2, embed.num_vertices, dtype=torch.float64)
+    W = embed.proj.weight.view(5, 2, P)
+    expected = torch.einsum("dcp,bcnp->bnd", W, x[:, :, gather]) + embed.proj.bias
+    assert (embed(x) - expected).abs().max() < 1e-12
+    tokens = torch.randn(3, N, 5, dtype=torch.float64)
+    values = (tokens @ head.proj.weight.T + head.proj.bias).view(3, N, 2, P)  # [B, N, C, P]
+    total = torch.zeros(3, 2, embed.num_vertices, dtype=torch.float64)
+    count = torch.zeros(embed.num_vertices, dtype=torch.float64)
+    for t in range(N):
+        total[:, :, gather[t]] += values[:, t]
+        count[gather[t]] += 1
+    assert (head(tokens) - total / count).abs().max() < 1e-12
+
+
+def test_turned_orientations_that_disagree_are_refused():
+    from eqvit.nn.tokenizers.icosphere import _orientation_taps
+
+    gather = icosphere_lifting(INPUT_LEVEL, PATCH_LEVEL).gather_index.copy()
+    gather[4, [0, 1]] = gather[4, [1, 0]]  # token (1, 1) reads two taps swapped: no longer a lattice turn
+    with pytest.raises(RuntimeError, match="one lattice rotation"):
+        _orientation_taps(gather)

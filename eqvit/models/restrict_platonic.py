@@ -59,6 +59,7 @@ from eqvit.nn.platonic import (
 from eqvit.nn.posenc.frame_rope import FrameRoPE
 from eqvit.nn.posenc.invariant import FrameInvariantAPE
 from eqvit.nn.regular import FOURIER_COST_RATIO, GroupConvLinear, LiftToGroup, RegularLayerNorm, RegularLayerScale
+from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed
 from eqvit.nn.tokenizers.platonic import (
     LiftedIcosphereEmbed,
     LiftedPointEmbed,
@@ -423,9 +424,10 @@ def _restrict_icosphere_embed(embed: LiftedIcosphereEmbed, context: RestrictionC
     new._parameters, new._buffers, new._modules = {}, {}, {}
     new._exact_masters = {}
     new.order = context.H.order
-    inner = copy.deepcopy(embed.embed)
-    inner.proj = _tiled_linear(embed.embed.proj, context)
-    new.embed = inner
+    proj, lifting = _tiled_linear(embed.embed.proj, context), embed.embed.lifting
+    # A fresh embedding of the tiled width: its turned-kernel index depends on the width.
+    new.embed = IcospherePatchEmbed(embed.embed.in_chans, proj.out_features, lifting.input_level, lifting.patch_level)
+    new.embed.proj = proj
     axes = _f64(embed.axes_proj.weight).numpy().reshape(-1, 2, 3)  # [C, 2 axes, 3]
     new.axes_proj = _tiled_linear(embed.axes_proj, context, context.turned(axes).reshape(context.index, -1, 6))
     poses = embed.embed.poses

@@ -12,6 +12,7 @@ kernel's lattice to that token's lattice. No interpolation anywhere.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.geometry.icosphere import icosphere
+from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
 
 
@@ -33,6 +35,9 @@ class IcosphereLifting:
         gather_index: int64 ``[3M, P]``: vertex read by tap p of token t (token t = 3 f + s).
         poses: float64 ``[3M, 3, 3]`` token rotations.
         lattice: int64 ``[P, 2]``: the barycentric lattice coordinates (i, j) of each tap.
+        orientation_taps: int64 ``[3, P]``: the three tokens of a patch read the same vertices, their
+            lattice turned by 120 degrees: tap ``orientation_taps[s, q]`` of token (f, s) reads what tap
+            q of token (f, 0) reads, i.e. ``gather_index[3 f + s, orientation_taps[s]] == gather_index[3 f]``.
     """
 
     input_level: int
@@ -40,10 +45,16 @@ class IcosphereLifting:
     gather_index: np.ndarray
     poses: np.ndarray
     lattice: np.ndarray
+    orientation_taps: np.ndarray
 
     @property
     def num_tokens(self) -> int:
         return len(self.gather_index)
+
+    @property
+    def face_index(self) -> np.ndarray:
+        """int64 ``[M, P]``: the vertex read by tap q of patch f in its orientation 0 (token 3 f)."""
+        return self.gather_index[0::3]
 
     @property
     def taps(self) -> int:
@@ -91,14 +102,39 @@ def icosphere_lifting(input_level: int, patch_level: int) -> IcosphereLifting:
             gather.append(members[nearest])
             poses.append(_pose(corners))
     gather_index, pose_array = np.stack(gather), np.stack(poses)
-    gather_index.setflags(write=False)
-    pose_array.setflags(write=False)
-    lattice.setflags(write=False)
-    return IcosphereLifting(input_level, patch_level, gather_index, pose_array, lattice)
+    orientation_taps = _orientation_taps(gather_index)
+    for array in (gather_index, pose_array, lattice, orientation_taps):
+        array.setflags(write=False)
+    return IcosphereLifting(input_level, patch_level, gather_index, pose_array, lattice, orientation_taps)
+
+
+def _orientation_taps(gather_index: np.ndarray) -> np.ndarray:
+    """``[3, P]``: for each orientation s, the tap of token (f, s) that reads tap q of token (f, 0); the same
+    for every patch (rolling the corners relabels the barycentric lattice, whatever the patch's shape)."""
+    per_patch = gather_index.reshape(-1, 3, gather_index.shape[1])
+    first = per_patch[0]
+    taps = []
+    for s in range(3):
+        tap_of = {vertex: tap for tap, vertex in enumerate(first[s])}
+        taps.append([tap_of[vertex] for vertex in first[0]])
+    taps = np.array(taps, dtype=np.int64)
+    for s in range(3):
+        if not np.array_equal(per_patch[:, s][:, taps[s]], per_patch[:, 0]):
+            raise RuntimeError("the three orientations of a patch do not read its vertices in one lattice rotation")
+    return taps
+
+
+def _positions(*shape: int) -> torch.Tensor:
+    """``arange`` over ``shape``: permuting it gives the flat index of that permutation."""
+    return torch.arange(math.prod(shape)).view(shape)
 
 
 class IcospherePatchEmbed(nn.Module):
     """Lifting convolution: ``x [B, C, V]`` on ``icosphere(input_level)`` -> tokens ``[B, 3M, D]``.
+
+    The three tokens of a patch read the same vertices with the kernel turned by 120 degrees, so each
+    patch is gathered once and projected by the three turned kernels at once (one ``[M, P C] @ [P C, 3 D]``
+    matmul): a third of the gather of one token at a time, the same multiply-adds.
 
     Args:
         in_chans: C.
@@ -111,9 +147,13 @@ class IcospherePatchEmbed(nn.Module):
         self.lifting = icosphere_lifting(input_level, patch_level)
         self.in_chans = in_chans
         self.num_vertices = len(icosphere(input_level).vertices)
-        self.register_buffer("gather_index", torch.from_numpy(self.lifting.gather_index.copy()), persistent=False)
-        self.register_buffer("tap_index", self.gather_index.reshape(-1).clone(), persistent=False)  # [3M P]
+        face_index = torch.from_numpy(self.lifting.face_index.reshape(-1).copy())
+        self.register_buffer("face_index", face_index, persistent=False)  # [M P], patch-major
         self.proj = vit_linear(in_chans * self.lifting.taps, embed_dim)
+        # Where each entry of the turned weights [3 D, P C] sits in proj.weight [D, C P]: one flat gather.
+        D, C, P = embed_dim, in_chans, self.lifting.taps
+        turned = _positions(D, C, P).index_select(2, self._taps()).view(D, C, 3, P).permute(2, 0, 3, 1)
+        self.register_buffer("turned_index", turned.reshape(-1), persistent=False)
 
     @property
     def num_tokens(self) -> int:
@@ -124,22 +164,32 @@ class IcospherePatchEmbed(nn.Module):
         """float64 ``[3M, 3, 3]`` token poses."""
         return torch.from_numpy(self.lifting.poses.copy())
 
+    def turned_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projection for the three orientations: ``W [3 D, P C]`` (rows (s, d), columns tap-major
+        (q, c) over a patch's orientation-0 taps) and ``b [3 D]``."""
+        weight = self.proj.weight.reshape(-1).index_select(0, self.turned_index)
+        return weight.view(3 * self.proj.out_features, -1), self.proj.bias.repeat(3)
+
+    def _taps(self) -> torch.Tensor:
+        return torch.from_numpy(self.lifting.orientation_taps.reshape(-1).copy())  # [3 P]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, C, V] -> tokens [B, 3M, D]``."""
         B, C, _ = x.shape
-        P = self.lifting.taps
-        # Whole vertices (all C channels) gathered tap-major: one row gather, no permuted copy; the
-        # projection's columns (channel-major, C P) are read in that tap-major order instead.
-        patches = x.transpose(1, 2).index_select(1, self.tap_index).view(B, self.num_tokens, P * C)
-        weight = self.proj.weight.view(-1, C, P).transpose(1, 2).reshape(-1, P * C)
-        return F.linear(patches, weight, self.proj.bias)
+        P, M = self.lifting.taps, self.num_tokens // 3
+        # Whole vertices (all C channels) gathered tap-major: one row gather, no permuted copy.
+        patches = x.transpose(1, 2).index_select(1, self.face_index).view(B, M, P * C)
+        # Row (f, s d) of the output is token 3 f + s: the view to [B, 3M, D] is free.
+        return F.linear(patches, *self.turned_weights()).view(B, 3 * M, self.proj.out_features)
 
 
-class IcosphereUnpatchify(nn.Module):
+class IcosphereUnpatchify(ExactBuffers):
     """Projection convolution (transposed lifting): tokens ``[B, 3M, D]`` -> ``[B, C_out, V]``.
 
     Every token writes a triangular kernel onto its patch's lattice in its own orientation;
-    each vertex averages what it receives (vertices on patch edges and corners are shared).
+    each vertex averages what it receives (vertices on patch edges and corners are shared). The three
+    tokens of a patch write onto the same vertices, so their kernels are summed per patch in one matmul
+    (``[C_out P, 3 D] @ [3 D, M]``) and only the patches are scattered.
     """
 
     def __init__(self, embed_dim: int, out_chans: int, input_level: int = 5, patch_level: int = 2) -> None:
@@ -148,23 +198,39 @@ class IcosphereUnpatchify(nn.Module):
         self.out_chans = out_chans
         V = len(icosphere(input_level).vertices)
         self.num_vertices = V
-        # Tap-major (p, n): the projection's output rows (c, p) then land as [C, P N] without a permute.
-        index = torch.from_numpy(self.lifting.gather_index.T.reshape(-1).copy())
-        counts = torch.bincount(index, minlength=V).double()
+        # Tap-major (q, f): the matmul's output rows (c, q) then land as [C, P M] without a permute.
+        index = torch.from_numpy(self.lifting.face_index.T.reshape(-1).copy())
+        # Each patch vertex receives from the patch's three tokens.
+        counts = 3 * torch.bincount(index, minlength=V).double()
         if (counts == 0).any():
             raise RuntimeError("some vertices are not covered by any patch")
         self.register_buffer("scatter_index", index, persistent=False)
-        self.register_buffer("inv_count", (1.0 / counts).float(), persistent=False)
+        self.register_exact_buffer("inv_count", 1.0 / counts)  # exact in float64 models too
         self.proj = vit_linear(embed_dim, out_chans * self.lifting.taps)
+        # Where each entry of the turned weights [C_out P, 3 D] (and the biases [C_out, 3, P]) sits in proj.
+        C, P, D = out_chans, self.lifting.taps, embed_dim
+        taps = torch.from_numpy(self.lifting.orientation_taps.reshape(-1).copy())
+        turned = _positions(C, P, D).index_select(1, taps).view(C, 3, P, D).transpose(1, 2)
+        self.register_buffer("turned_index", turned.reshape(-1), persistent=False)
+        self.register_buffer("turned_bias_index", _positions(C, P).index_select(1, taps).view(-1), persistent=False)
+
+    def turned_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The three orientations' kernels on a patch's orientation-0 taps, side by side: ``W [C_out P, 3 D]``
+        (rows (c, q), columns (s, d)) and their summed bias ``b [C_out P]``."""
+        C, P = self.out_chans, self.lifting.taps
+        weight = self.proj.weight.reshape(-1).index_select(0, self.turned_index).view(C * P, -1)
+        bias = self.proj.bias.index_select(0, self.turned_bias_index).view(C, 3, P).sum(1)
+        return weight, bias.reshape(C * P)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, 3M, D] -> [B, C_out, V]``."""
-        B, N, _ = tokens.shape
-        # Channels-first values [B, C_out P, N] = W tokens^T + b straight from one (batched) matmul: the
-        # rows (c, p) of the projection and the tap-major scatter index need no permuted copy.
-        weight = self.proj.weight.expand(B, -1, -1)
-        values = torch.baddbmm(self.proj.bias[:, None], weight, tokens.transpose(1, 2))
-        values = values.view(B, self.out_chans, N * self.lifting.taps)
+        B, N, D = tokens.shape
+        weight, bias = self.turned_weights()
+        # Channels-first patch values [B, C_out P, M] = W patches^T + b from one (batched) matmul: a patch's
+        # three tokens are one row of [B, M, 3 D], and the rows (c, q) need no permuted copy to scatter.
+        patches = tokens.reshape(B, N // 3, 3 * D).transpose(1, 2)
+        values = torch.baddbmm(bias[:, None], weight.expand(B, -1, -1), patches)
+        values = values.view(B, self.out_chans, self.lifting.taps * (N // 3))
         # values, not tokens: under autocast the projection is bf16 while the tokens may be fp32 (a learned APE).
         out = values.new_zeros(B, self.out_chans, self.num_vertices).index_add_(2, self.scatter_index, values)
         return out * self.inv_count.to(out.dtype)
