@@ -40,6 +40,8 @@ from eqvit.nn.fused import (
     FoldedInvariantHead,
     FrozenAPE,
     FrozenFourierConv,
+    FrozenIcosphereLift,
+    FrozenIcosphereUnpatchify,
     FrozenIrrepAttention,
     FrozenIrrepLayerNorm,
     FrozenLayerNorm,
@@ -81,6 +83,7 @@ from eqvit.nn.posenc.invariant import InvariantAPE
 from eqvit.nn.posenc.learned import OrbitAPE
 from eqvit.nn.posenc.so3rope import SO3RoPE
 from eqvit.nn.regular import FOURIER_COST_RATIO, GroupConvLinear, RegularLayerNorm, RegularLayerScale
+from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
 from eqvit.nn.tokenizers.planar import GroupPatchEmbed, PlanarTokenizer
 from eqvit.nn.tokenizers.platonic import LiftedSquarePatchEmbed
 
@@ -181,6 +184,16 @@ def _invariant_ape(m: InvariantAPE) -> nn.Module:
 @register_fuser(OrbitAPE)
 def _orbit_ape(m: OrbitAPE) -> nn.Module:
     return FrozenAPE(m.embedding())
+
+
+@register_fuser(IcospherePatchEmbed)
+def _icosphere_lift(m: IcospherePatchEmbed) -> nn.Module:
+    return FrozenIcosphereLift(m)
+
+
+@register_fuser(IcosphereUnpatchify)
+def _icosphere_unpatchify(m: IcosphereUnpatchify) -> nn.Module:
+    return FrozenIcosphereUnpatchify(m)
 
 
 @register_fuser(SO3RoPE)

@@ -21,6 +21,7 @@ from eqvit.nn.norm import irrep_layer_norm
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import fourier_group_conv
 from eqvit.nn.sdpa import ScaledDotProductAttention
+from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify, lift_patches, unpatchify_patches
 
 
 def _frozen(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -186,6 +187,44 @@ class FrozenAPE(PositionalScheme):
         if x.shape[1] != self.num_tokens:
             raise ValueError(f"expected {self.num_tokens} tokens, got {x.shape[1]}")
         return x + self.embedding
+
+
+class FrozenIcosphereLift(nn.Module):
+    """:class:`~eqvit.nn.tokenizers.icosphere.IcospherePatchEmbed` with its three turned kernels computed once."""
+
+    def __init__(self, embed: IcospherePatchEmbed) -> None:
+        super().__init__()
+        weight, bias = embed.turned_weights()
+        self.register_buffer("face_index", embed.face_index.clone())
+        self.register_buffer("weight", _frozen(weight))
+        self.register_buffer("bias", _frozen(bias))
+        self.lifting, self.in_chans = embed.lifting, embed.in_chans
+
+    @property
+    def num_tokens(self) -> int:
+        return self.lifting.num_tokens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, C, V] -> tokens [B, 3M, D]``."""
+        return lift_patches(x, self.face_index, self.weight, self.bias)
+
+
+class FrozenIcosphereUnpatchify(nn.Module):
+    """:class:`~eqvit.nn.tokenizers.icosphere.IcosphereUnpatchify` with its turned kernels and summed biases
+    computed once."""
+
+    def __init__(self, head: IcosphereUnpatchify) -> None:
+        super().__init__()
+        weight, bias = head.turned_weights()
+        self.register_buffer("weight", _frozen(weight))
+        self.register_buffer("bias", _frozen(bias))
+        self.register_buffer("scatter_index", head.scatter_index.clone())
+        self.register_buffer("inv_count", _frozen(head.inv_count))
+        self.lifting, self.out_chans = head.lifting, head.out_chans
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, 3M, D] -> [B, C_out, V]``."""
+        return unpatchify_patches(tokens, self.weight, self.bias, self.scatter_index, self.inv_count)
 
 
 class FoldedInvariantHead(nn.Module):

@@ -168,19 +168,26 @@ class IcospherePatchEmbed(nn.Module):
         """The projection for the three orientations: ``W [3 D, P C]`` (rows (s, d), columns tap-major
         (q, c) over a patch's orientation-0 taps) and ``b [3 D]``."""
         weight = self.proj.weight.reshape(-1).index_select(0, self.turned_index)
-        return weight.view(3 * self.proj.out_features, -1), self.proj.bias.repeat(3)
+        # expand + reshape, not repeat: repeat costs more than the whole gather here
+        return weight.view(3 * self.proj.out_features, -1), self.proj.bias.expand(3, -1).reshape(-1)
 
     def _taps(self) -> torch.Tensor:
         return torch.from_numpy(self.lifting.orientation_taps.reshape(-1).copy())  # [3 P]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, C, V] -> tokens [B, 3M, D]``."""
-        B, C, _ = x.shape
-        P, M = self.lifting.taps, self.num_tokens // 3
-        # Whole vertices (all C channels) gathered tap-major: one row gather, no permuted copy.
-        patches = x.transpose(1, 2).index_select(1, self.face_index).view(B, M, P * C)
-        # Row (f, s d) of the output is token 3 f + s: the view to [B, 3M, D] is free.
-        return F.linear(patches, *self.turned_weights()).view(B, 3 * M, self.proj.out_features)
+        return lift_patches(x, self.face_index, *self.turned_weights())
+
+
+def lift_patches(x: torch.Tensor, face_index: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x [B, C, V]``, ``face_index [M P]`` (patch-major taps), turned ``weight [3 D, P C]``, ``bias [3 D]``
+    -> tokens ``[B, 3M, D]`` (the forward of :class:`IcospherePatchEmbed` and of its inference form)."""
+    B, C, _ = x.shape
+    M = face_index.numel() * C // weight.shape[1]
+    # Whole vertices (all C channels) gathered tap-major: one row gather, no permuted copy.
+    patches = x.transpose(1, 2).index_select(1, face_index).view(B, M, weight.shape[1])
+    # Row (f, s d) of the output is token 3 f + s: the view to [B, 3M, D] is free.
+    return F.linear(patches, weight, bias).view(B, 3 * M, weight.shape[0] // 3)
 
 
 class IcosphereUnpatchify(ExactBuffers):
@@ -224,13 +231,22 @@ class IcosphereUnpatchify(ExactBuffers):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, 3M, D] -> [B, C_out, V]``."""
-        B, N, D = tokens.shape
-        weight, bias = self.turned_weights()
-        # Channels-first patch values [B, C_out P, M] = W patches^T + b from one (batched) matmul: a patch's
-        # three tokens are one row of [B, M, 3 D], and the rows (c, q) need no permuted copy to scatter.
-        patches = tokens.reshape(B, N // 3, 3 * D).transpose(1, 2)
-        values = torch.baddbmm(bias[:, None], weight.expand(B, -1, -1), patches)
-        values = values.view(B, self.out_chans, self.lifting.taps * (N // 3))
-        # values, not tokens: under autocast the projection is bf16 while the tokens may be fp32 (a learned APE).
-        out = values.new_zeros(B, self.out_chans, self.num_vertices).index_add_(2, self.scatter_index, values)
-        return out * self.inv_count.to(out.dtype)
+        return unpatchify_patches(tokens, *self.turned_weights(), self.scatter_index, self.inv_count)
+
+
+def unpatchify_patches(
+    tokens: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scatter_index: torch.Tensor, inv_count: torch.Tensor
+) -> torch.Tensor:
+    """``tokens [B, 3M, D]``, turned ``weight [C P, 3 D]``, summed ``bias [C P]``, tap-major ``scatter_index
+    [P M]``, ``inv_count [V]`` -> ``[B, C, V]`` (the forward of :class:`IcosphereUnpatchify` and of its
+    inference form)."""
+    B, N, D = tokens.shape
+    # Channels-first patch values [B, C P, M] = W patches^T + b from one (batched) matmul: a patch's
+    # three tokens are one row of [B, M, 3 D], and the rows (c, q) need no permuted copy to scatter.
+    patches = tokens.reshape(B, N // 3, 3 * D).transpose(1, 2)
+    values = torch.baddbmm(bias[:, None], weight.expand(B, -1, -1), patches)
+    C = weight.shape[0] * (N // 3) // scatter_index.numel()
+    values = values.view(B, C, scatter_index.numel())  # [B, C, P M]
+    # values, not tokens: under autocast the projection is bf16 while the tokens may be fp32 (a learned APE).
+    out = values.new_zeros(B, C, inv_count.numel()).index_add_(2, scatter_index, values)
+    return out * inv_count.to(out.dtype)
