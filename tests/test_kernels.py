@@ -16,6 +16,7 @@ from eqvit import kernels, models
 from eqvit.groups import get_group
 from eqvit.groups.so3 import wigner_D_blocks
 from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks
+from eqvit.nn.fused import FrozenIcosphereLift, FrozenIcosphereUnpatchify
 from eqvit.nn.fused_so3rope import KernelSO3RoPE
 from eqvit.nn.posenc import SO3RoPE
 from eqvit.testing import EquivarianceError, assert_equivariant
@@ -114,6 +115,8 @@ def test_fuse_puts_so3vit_rope_on_the_kernel_and_keeps_it_equivariant():
     model = randomise_(models.create_model("so3vit_tiny")).double().eval()
     fused = eqvit.fuse(model)
     assert isinstance(fused.posenc, KernelSO3RoPE) and type(model.posenc) is SO3RoPE
+    # the lifting and unpatchify keep their turned kernels as buffers
+    assert isinstance(fused.tokenizer, FrozenIcosphereLift) and isinstance(fused.head, FrozenIcosphereUnpatchify)
     x = model.domain.random_input(2, model.in_chans)
     with torch.no_grad():
         assert (fused(x) - model(x)).abs().max() <= 1e-12 * model(x).abs().max()
@@ -137,6 +140,7 @@ def test_without_kernels_fuse_keeps_the_matmul(monkeypatch):
     assert kernels.load("so3_rotate") is None and SO3RotationKernel.load() is None
     fused = eqvit.fuse(models.create_model("so3vit_tiny"))
     assert type(fused.posenc) is SO3RoPE
+    assert isinstance(fused.tokenizer, FrozenIcosphereLift)  # folding needs no kernel
 
 
 def test_a_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):

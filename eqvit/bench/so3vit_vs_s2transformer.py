@@ -382,8 +382,9 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
     rotation of queries and keys alone (all blocks), in place on a qkv tensor as attention runs it;
     ``head`` the final norm and the unpatchify. The ``wigner_*`` stages time other forms of the same
     rotation on the same poses (:func:`rotation_variants`), the evidence for what the rotation can cost.
-    ``forward_fused`` is the inference form (:func:`eqvit.fuse`); where its rotation runs the compiled
-    kernel, ``wigner_kernel`` times that rotation alone and ``blocks_kernel`` the blocks with it.
+    ``forward_fused``, ``lifting_fused`` and ``head_fused`` are the inference form's (:func:`eqvit.fuse`);
+    where its rotation runs the compiled kernel, ``wigner_kernel`` times that rotation alone and
+    ``blocks_kernel`` the blocks with it.
     """
     from eqvit import fuse
 
@@ -421,6 +422,8 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
         "blocks": lambda: blocks(rope),
         "blocks_no_rope": lambda: blocks(None),
         "head": lambda: model.head(model.norm(tokens)),
+        "lifting_fused": lambda: fused.embed_tokens(encoded),
+        "head_fused": lambda: fused.head(fused.norm(tokens)),
     }
     if rope is not None and rope.pi is not None:
         stages["wigner"] = per_block(lambda t: rope.rotate_qk_stacked_(t[:, :, :2], 0))
