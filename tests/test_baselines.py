@@ -261,6 +261,8 @@ def test_profile_stages_times_every_stage():
         "forward",
         "forward_fused",
         "lifting",
+        "lifting_fused",
+        "head_fused",
         "blocks",
         "blocks_no_rope",
         "head",
