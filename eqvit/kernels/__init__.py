@@ -1,12 +1,12 @@
 """Optional compiled CPU kernels for the inference form (:func:`eqvit.fuse`).
 
 eqvit is pure PyTorch; where the structure of a group allows a kernel that PyTorch has no operator for
-(SO(3)-RoPE's per-token block-diagonal rotation), the C++ source ships in this folder and is built on
-first use with the machine's C++ compiler (``$CXX``, else ``c++``; ``-O3 -march=native -fopenmp``, each of
-the last two dropped where the compiler refuses it), cached
-under ``$EQVIT_CACHE/kernels`` (default ``~/.cache/eqvit``) and called through :mod:`ctypes`. No torch
-headers are needed, so the build takes seconds. Where no compiler works, :func:`load` returns None and
-:func:`eqvit.fuse` keeps the pure PyTorch form; ``EQVIT_KERNELS=0`` asks for that explicitly.
+(SO(3)-RoPE's per-token block-diagonal rotation), the C++ source ships in this folder. It is built on
+first use with the machine's C++ compiler (``$CXX``, else ``c++``; ``-O3 -march=native -fopenmp``, each
+of the last two dropped where the compiler refuses it), cached under ``$EQVIT_CACHE/kernels`` (default
+``~/.cache/eqvit``) and called through :mod:`ctypes`. No torch headers are needed, so the build takes
+seconds. Where no compiler works, :func:`load` returns None and :func:`eqvit.fuse` keeps the pure
+PyTorch form; ``EQVIT_KERNELS=0`` asks for that explicitly.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ class SO3RotationKernel:
     dtypes = (torch.float32, torch.float64)
 
     def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.eqvit_so3_rotate_max_order.restype = _LONG
         self.max_order = int(lib.eqvit_so3_rotate_max_order())
         self._fns = {torch.float32: lib.eqvit_so3_rotate_f32, torch.float64: lib.eqvit_so3_rotate_f64}
         for fn in self._fns.values():
