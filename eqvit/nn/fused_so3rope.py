@@ -16,7 +16,7 @@ from eqvit.nn.posenc.so3rope import SO3RoPE
 
 
 class KernelSO3RoPE(SO3RoPE):
-    """An :class:`SO3RoPE` with fixed poses whose ``rotate_qk_stacked_`` runs ``kernel``.
+    """An :class:`SO3RoPE` with fixed poses whose in-place rotation (``rotate_qk_stacked_``) runs ``kernel``.
 
     The kernel takes CPU float32 / float64 tensors outside autograd; anything else (a GPU, autocast's
     bf16, gradients through a fused model) takes the matmul of :class:`SO3RoPE`, which computes the
@@ -34,12 +34,8 @@ class KernelSO3RoPE(SO3RoPE):
         self.kernel = kernel
         self.to(device=rope.pi.device, dtype=rope.pi.dtype)
 
-    def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
-        """In place on ``qk [B, N, 2, H, D]``, as :meth:`SO3RoPE.rotate_qk_stacked_`."""
-        B, N = qk.shape[:2]
-        self._check_fixed(qk, num_prefix_tokens, token_axis=1)
-        rows = qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:]
-        if not self.kernel.supports(rows, self.wigner_blocks):
-            return super().rotate_qk_stacked_(qk, num_prefix_tokens)
-        self.kernel.rotate_(rows, self.wigner_blocks, self.max_order)
-        return qk
+    def _rotate_rows_(self, rows: torch.Tensor) -> None:
+        if self.kernel.supports(rows, self.wigner_blocks):
+            self.kernel.rotate_(rows, self.wigner_blocks, self.max_order)
+        else:
+            super()._rotate_rows_(rows)

@@ -114,14 +114,18 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
         """
         B, N = qk.shape[:2]
         self._check_fixed(qk, num_prefix_tokens, token_axis=1)
-        # At L = 0 (pi = D^0 = 1) the channel slice is empty and so is the matmul: nothing moves.
         # view, not reshape: a copy here would silently drop the in-place write
-        rows = qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:, :, 1 : self.rotated_dim]
-        pi_t = self.pi_t_moving.to(qk.dtype)
-        # One matmul per sample: a single one over (b, n) would need pi_t repeated B times.
-        for b in range(B):  # rows[b], not unbind: autograd forbids in-place writes to unbind's views
-            rows[b].copy_(torch.bmm(rows[b], pi_t))
+        self._rotate_rows_(qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:])
         return qk
+
+    def _rotate_rows_(self, rows: torch.Tensor) -> None:
+        """In place on the rows (query and key heads) of the posed tokens, ``rows [B, N, 2 H, D]``."""
+        # At L = 0 (pi = D^0 = 1) the channel slice is empty and so is the matmul: nothing moves.
+        moving = rows[..., 1 : self.rotated_dim]
+        pi_t = self.pi_t_moving.to(rows.dtype)
+        # One matmul per sample: a single one over (b, n) would need pi_t repeated B times.
+        for b in range(rows.shape[0]):  # moving[b], not unbind: autograd forbids in-place writes to unbind's views
+            moving[b].copy_(torch.bmm(moving[b], pi_t))
 
     def _check_fixed(self, x: torch.Tensor, num_prefix_tokens: int, token_axis: int) -> None:
         if self.pi is None:
