@@ -124,6 +124,11 @@ def _orientation_taps(gather_index: np.ndarray) -> np.ndarray:
     return taps
 
 
+def _orientation_tap_index(lifting: IcosphereLifting) -> torch.Tensor:
+    """``lifting.orientation_taps`` flat, ``[3 P]``: the index that turns a kernel's taps per orientation."""
+    return torch.from_numpy(lifting.orientation_taps.reshape(-1).copy())
+
+
 def _positions(*shape: int) -> torch.Tensor:
     """``arange`` over ``shape``: permuting it gives the flat index of that permutation."""
     return torch.arange(math.prod(shape)).view(shape)
@@ -152,7 +157,8 @@ class IcospherePatchEmbed(nn.Module):
         self.proj = vit_linear(in_chans * self.lifting.taps, embed_dim)
         # Where each entry of the turned weights [3 D, P C] sits in proj.weight [D, C P]: one flat gather.
         D, C, P = embed_dim, in_chans, self.lifting.taps
-        turned = _positions(D, C, P).index_select(2, self._taps()).view(D, C, 3, P).permute(2, 0, 3, 1)
+        taps = _orientation_tap_index(self.lifting)
+        turned = _positions(D, C, P).index_select(2, taps).view(D, C, 3, P).permute(2, 0, 3, 1)
         self.register_buffer("turned_index", turned.reshape(-1), persistent=False)
 
     @property
@@ -170,9 +176,6 @@ class IcospherePatchEmbed(nn.Module):
         weight = self.proj.weight.reshape(-1).index_select(0, self.turned_index)
         # expand + reshape, not repeat: repeat costs more than the whole gather here
         return weight.view(3 * self.proj.out_features, -1), self.proj.bias.expand(3, -1).reshape(-1)
-
-    def _taps(self) -> torch.Tensor:
-        return torch.from_numpy(self.lifting.orientation_taps.reshape(-1).copy())  # [3 P]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, C, V] -> tokens [B, 3M, D]``."""
@@ -216,7 +219,7 @@ class IcosphereUnpatchify(ExactBuffers):
         self.proj = vit_linear(embed_dim, out_chans * self.lifting.taps)
         # Where each entry of the turned weights [C_out P, 3 D] (and the biases [C_out, 3, P]) sits in proj.
         C, P, D = out_chans, self.lifting.taps, embed_dim
-        taps = torch.from_numpy(self.lifting.orientation_taps.reshape(-1).copy())
+        taps = _orientation_tap_index(self.lifting)
         turned = _positions(C, P, D).index_select(1, taps).view(C, 3, P, D).transpose(1, 2)
         self.register_buffer("turned_index", turned.reshape(-1), persistent=False)
         self.register_buffer("turned_bias_index", _positions(C, P).index_select(1, taps).view(-1), persistent=False)
