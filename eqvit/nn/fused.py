@@ -198,7 +198,7 @@ class FrozenIcosphereLift(nn.Module):
         self.register_buffer("face_index", embed.face_index.clone())
         self.register_buffer("weight", _frozen(weight))
         self.register_buffer("bias", _frozen(bias))
-        self.lifting, self.in_chans = embed.lifting, embed.in_chans
+        self.lifting = embed.lifting
 
     @property
     def num_tokens(self) -> int:
@@ -220,7 +220,6 @@ class FrozenIcosphereUnpatchify(nn.Module):
         self.register_buffer("bias", _frozen(bias))
         self.register_buffer("scatter_index", head.scatter_index.clone())
         self.register_buffer("inv_count", _frozen(head.inv_count))
-        self.lifting, self.out_chans = head.lifting, head.out_chans
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, 3M, D] -> [B, C_out, V]``."""
