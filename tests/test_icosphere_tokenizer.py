@@ -234,3 +234,18 @@ def test_turned_orientations_that_disagree_are_refused():
     gather[4, [0, 1]] = gather[4, [1, 0]]  # token (1, 1) reads two taps swapped: no longer a lattice turn
     with pytest.raises(RuntimeError, match="one lattice rotation"):
         _orientation_taps(gather)
+
+
+def test_fused_unpatchify_keeps_its_average_exact_when_cast_to_float64():
+    """A float32 unpatchify fused and then cast to float64 averages with exact 1/count, as the training
+    form does (a float32-rounded copy is off by ~1e-8)."""
+    from eqvit import fuse
+
+    torch.manual_seed(0)
+    head = IcosphereUnpatchify(5, 2, INPUT_LEVEL, PATCH_LEVEL)
+    fused = fuse(head)
+    counts = 3 * torch.bincount(head.scatter_index, minlength=head.num_vertices).double()
+    assert fused.inv_count.dtype == torch.float32
+    assert torch.equal(fused.double().inv_count, 1.0 / counts)
+    tokens = torch.randn(2, head.lifting.num_tokens, 5, dtype=torch.float64)
+    assert torch.equal(fused(tokens), head.double()(tokens))

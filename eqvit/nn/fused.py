@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.fused_schur import FrozenSchurLinear
 from eqvit.nn.irrep_attention import attend_heads, schur_attend
 from eqvit.nn.norm import irrep_layer_norm
@@ -209,7 +210,7 @@ class FrozenIcosphereLift(nn.Module):
         return lift_patches(x, self.face_index, self.weight, self.bias)
 
 
-class FrozenIcosphereUnpatchify(nn.Module):
+class FrozenIcosphereUnpatchify(ExactBuffers):
     """:class:`~eqvit.nn.tokenizers.icosphere.IcosphereUnpatchify` with its turned kernels and summed biases
     computed once."""
 
@@ -219,7 +220,9 @@ class FrozenIcosphereUnpatchify(nn.Module):
         self.register_buffer("weight", _frozen(weight))
         self.register_buffer("bias", _frozen(bias))
         self.register_buffer("scatter_index", head.scatter_index.clone())
-        self.register_buffer("inv_count", _frozen(head.inv_count))
+        # Exact as in the training form: a fused model cast to float64 keeps 1/count exact.
+        self.register_exact_buffer("inv_count", head.exact_buffer("inv_count"))
+        self.to(device=head.inv_count.device, dtype=head.inv_count.dtype)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, 3M, D] -> [B, C_out, V]``."""
