@@ -72,6 +72,43 @@ def test_kernel_rotates_as_the_matmul_does(dtype, head_dim, heads, max_order, pr
 
 
 @needs_kernel
+def test_a_layout_seen_before_goes_straight_to_the_kept_kernel_call():
+    """The checks run once per layout; the kept call rotates later tensors of that layout (here with a
+    prefix token, so the offset of the posed rows counts) exactly as the checked path does."""
+    rope = SO3RoPE(32, poses=random_poses(7)).double()
+    fused = KernelSO3RoPE(rope, KERNEL)
+    for batch in (2, 2, 3, 3):  # each layout: first the checked path, then the kept call
+        qkv = torch.randn(batch, 8, 3, 4, 32, dtype=torch.float64)
+        expected, got = qkv.clone(), qkv.clone()
+        rope.rotate_qk_stacked_(expected[:, :, :2], 1)
+        fused.rotate_qk_stacked_(got[:, :, :2], 1)
+        assert (got - expected).abs().max() <= 1e-12
+        assert torch.equal(got[:, :1], qkv[:, :1])  # the prefix token stays
+    assert len(fused._bound) == 2
+    with pytest.raises(ValueError, match="expected 7 tokens"):  # other layouts are still checked
+        fused.rotate_qk_stacked_(torch.randn(2, 7, 2, 4, 32, dtype=torch.float64), 1)
+
+
+@needs_kernel
+def test_kept_kernel_calls_follow_the_module_tensors():
+    """A new blocks tensor (assigned, or cast with the module) replaces the kept calls' bound one."""
+    rope = SO3RoPE(32, poses=random_poses(7)).double()
+    fused = KernelSO3RoPE(rope, KERNEL)
+    qk = torch.randn(1, 7, 2, 4, 32, dtype=torch.float64)
+    fused.rotate_qk_stacked_(qk.clone())  # binds this layout
+    identity = SO3RoPE(32, poses=torch.eye(3, dtype=torch.float64).expand(7, 3, 3)).double()
+    fused.wigner_blocks = KernelSO3RoPE(identity, KERNEL).wigner_blocks
+    assert torch.allclose(fused.rotate_qk_stacked_(qk.clone()), qk, atol=1e-12)  # the identity now
+    fused.wigner_blocks = KernelSO3RoPE(rope, KERNEL).wigner_blocks
+    expected = rope.rotate_qk_stacked_(qk.clone())
+    assert fused.rotate_qk_stacked_(qk.clone()).sub(expected).abs().max() <= 1e-12
+    cast = fused.float()  # new float32 blocks; a float64 layout kept from before would be stale
+    assert not cast._bound
+    assert cast.rotate_qk_stacked_(qk.float()).sub(expected).abs().max() <= 1e-5
+    assert not copy.deepcopy(cast)._bound  # a copy binds its own blocks
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_split_over_threads_rotates_every_token(threads):
     """Enough tokens for the OpenMP split (>= 64 per call): every token gets its own matrix."""

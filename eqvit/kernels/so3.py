@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -71,6 +72,13 @@ class SO3RotationKernel:
         )
 
     def rotate_(self, rows: torch.Tensor, blocks: torch.Tensor, max_order: int) -> torch.Tensor:
+        self.bind(rows, blocks, max_order)(rows.data_ptr())
+        return rows
+
+    def bind(self, rows: torch.Tensor, blocks: torch.Tensor, max_order: int) -> Callable[[int], None]:
+        """:meth:`rotate_` checked once for every tensor laid out like ``rows``: ``rotate(data_ptr)`` rotates
+        the rows of the same shape, strides and dtype that start at ``data_ptr`` (the caller vouches for that
+        layout), with ``blocks`` bound (held, so they live as long as ``rotate``)."""
         if not self.supports(rows, blocks):
             raise ValueError(
                 f"the SO(3) rotation kernel needs CPU float32/float64 rows [B, N, R, D] with channel stride 1, not "
@@ -88,9 +96,13 @@ class SO3RotationKernel:
                 f"{(max_order + 1) ** 2} channels; got blocks {list(blocks.shape)}, rows {list(rows.shape)}"
             )
         sb, sn, sr, _ = rows.stride()
-        threads = torch.get_num_threads()  # tokens split over torch's intra-op thread count
-        self._fns[rows.dtype](rows.data_ptr(), B, N, R, sb, sn, sr, blocks.data_ptr(), max_order, threads)
-        return rows
+        fn = self._fns[rows.dtype]
+
+        def rotate(data_ptr: int) -> None:
+            # tokens split over torch's intra-op thread count, read now: set_num_threads may have changed it
+            fn(data_ptr, B, N, R, sb, sn, sr, blocks.data_ptr(), max_order, torch.get_num_threads())
+
+        return rotate
 
 
 @functools.cache

@@ -112,11 +112,15 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
         no stack, cat or transpose copies; channel 0 (order 0, invariant) and the channels past k are
         never touched. Returns ``qk``.
         """
-        B, N = qk.shape[:2]
         self._check_fixed(qk, num_prefix_tokens, token_axis=1)
-        # view, not reshape: a copy here would silently drop the in-place write
-        self._rotate_rows_(qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:])
+        self._rotate_rows_(self._rows(qk, num_prefix_tokens))
         return qk
+
+    def _rows(self, qk: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+        """The posed tokens' query and key heads of ``qk [B, N, 2, H, D]`` as rows ``[B, N - p, 2 H, D]`` (a view)."""
+        B, N = qk.shape[:2]
+        # view, not reshape: a copy here would silently drop the in-place write
+        return qk.view(B, N, 2 * qk.shape[3], self.head_dim)[:, num_prefix_tokens:]
 
     def _rotate_rows_(self, rows: torch.Tensor) -> None:
         """In place on the rows (query and key heads) of the posed tokens, ``rows [B, N, 2 H, D]``."""
