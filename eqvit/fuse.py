@@ -18,7 +18,9 @@ the cost of timm's. Their intermediate token maps (``forward_intermediates``) ar
 take maps from the unfused model.
 
 SO(3)-RoPE with fixed poses (SO3ViT) rotates queries and keys on a compiled CPU kernel where one builds
-(:mod:`eqvit.nn.fused_so3rope`, :mod:`eqvit.kernels`); elsewhere its matmul form is kept.
+(:mod:`eqvit.nn.fused_so3rope`, :mod:`eqvit.kernels`); elsewhere its matmul form is kept. The icosphere
+lifting and unpatchify are factored over a patch's 120-degree turns there (:mod:`eqvit.nn.fused_icosphere`:
+5/9 of the dense products' multiply-adds).
 
 Each layer type has one fuser (:func:`register_fuser`); a module without one is kept and its
 children are fused.
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.kernels.icosphere import IcosphereC3Kernel
 from eqvit.kernels.so3 import SO3RotationKernel
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.basis import AttentionInBasis
@@ -63,6 +66,7 @@ from eqvit.nn.fused_fourier import (
     stream_cost_ratio,
 )
 from eqvit.nn.fused_frames import FrozenFrameAttention
+from eqvit.nn.fused_icosphere import C3IcosphereLift, C3IcosphereUnpatchify
 from eqvit.nn.fused_schur import (
     FourierSlabMlp,
     FrozenSchurLinear,
@@ -188,12 +192,18 @@ def _orbit_ape(m: OrbitAPE) -> nn.Module:
 
 @register_fuser(IcospherePatchEmbed)
 def _icosphere_lift(m: IcospherePatchEmbed) -> nn.Module:
-    return FrozenIcosphereLift(m)
+    """The turned kernels once; factored over the patch's turns on the compiled passes where they build."""
+    kernel = IcosphereC3Kernel.load()
+    return FrozenIcosphereLift(m) if kernel is None else C3IcosphereLift(m, kernel)
 
 
 @register_fuser(IcosphereUnpatchify)
 def _icosphere_unpatchify(m: IcosphereUnpatchify) -> nn.Module:
-    return FrozenIcosphereUnpatchify(m)
+    """As the lifting (:func:`_icosphere_lift`); more channels than the compiled scatter sums stay dense."""
+    kernel = IcosphereC3Kernel.load()
+    if kernel is None or m.out_chans > kernel.max_channels:
+        return FrozenIcosphereUnpatchify(m)
+    return C3IcosphereUnpatchify(m, kernel)
 
 
 @register_fuser(SO3RoPE)

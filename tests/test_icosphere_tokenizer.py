@@ -248,4 +248,6 @@ def test_fused_unpatchify_keeps_its_average_exact_when_cast_to_float64():
     assert fused.inv_count.dtype == torch.float32
     assert torch.equal(fused.double().inv_count, 1.0 / counts)
     tokens = torch.randn(2, head.lifting.num_tokens, 5, dtype=torch.float64)
-    assert torch.equal(fused(tokens), head.double()(tokens))
+    expected = head.double()(tokens)
+    # round-off of float64 only (the factored form sums in another order); a float32 1/count is 1e-8 off
+    assert (fused(tokens) - expected).abs().max() <= 1e-14 * expected.abs().max()

@@ -84,7 +84,7 @@ def test_a_layout_seen_before_goes_straight_to_the_kept_kernel_call():
         fused.rotate_qk_stacked_(got[:, :, :2], 1)
         assert (got - expected).abs().max() <= 1e-12
         assert torch.equal(got[:, :1], qkv[:, :1])  # the prefix token stays
-    assert len(fused._bound) == 2
+    assert len(fused._kept) == 2
     with pytest.raises(ValueError, match="expected 7 tokens"):  # other layouts are still checked
         fused.rotate_qk_stacked_(torch.randn(2, 7, 2, 4, 32, dtype=torch.float64), 1)
 
@@ -103,9 +103,9 @@ def test_kept_kernel_calls_follow_the_module_tensors():
     expected = rope.rotate_qk_stacked_(qk.clone())
     assert fused.rotate_qk_stacked_(qk.clone()).sub(expected).abs().max() <= 1e-12
     cast = fused.float()  # new float32 blocks; a float64 layout kept from before would be stale
-    assert not cast._bound
+    assert not cast._kept
     assert cast.rotate_qk_stacked_(qk.float()).sub(expected).abs().max() <= 1e-5
-    assert not copy.deepcopy(cast)._bound  # a copy binds its own blocks
+    assert not copy.deepcopy(cast)._kept  # a copy binds its own blocks
 
 
 @needs_kernel
@@ -177,7 +177,8 @@ def test_without_kernels_fuse_keeps_the_matmul(monkeypatch):
     assert kernels.load("so3_rotate") is None and SO3RotationKernel.load() is None
     fused = eqvit.fuse(models.create_model("so3vit_tiny"))
     assert type(fused.posenc) is SO3RoPE
-    assert isinstance(fused.tokenizer, FrozenIcosphereLift)  # folding needs no kernel
+    # folding needs no kernel; the factored passes do
+    assert type(fused.tokenizer) is FrozenIcosphereLift and type(fused.head) is FrozenIcosphereUnpatchify
 
 
 def test_a_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):

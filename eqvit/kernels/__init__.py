@@ -1,7 +1,8 @@
 """Optional compiled CPU kernels for the inference form (:func:`eqvit.fuse`).
 
 eqvit is pure PyTorch; where the structure of a group allows a kernel that PyTorch has no operator for
-(SO(3)-RoPE's per-token block-diagonal rotation), the C++ source ships in this folder. It is built on
+(SO(3)-RoPE's per-token block-diagonal rotation; the change of the icosphere tokenizer's patches into
+the basis of their 120-degree turns), the C++ source ships in this folder. It is built on
 first use with the machine's C++ compiler (``$CXX``, else ``c++``; ``-O3 -march=native -fopenmp``, each
 of the last two dropped where the compiler refuses it), cached under ``$EQVIT_CACHE/kernels`` (default
 ``~/.cache/eqvit``) and called through :mod:`ctypes`. No torch headers are needed, so the build takes

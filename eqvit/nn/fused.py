@@ -190,7 +190,7 @@ class FrozenAPE(PositionalScheme):
         return x + self.embedding
 
 
-class FrozenIcosphereLift(nn.Module):
+class FrozenIcosphereLift(ExactBuffers):
     """:class:`~eqvit.nn.tokenizers.icosphere.IcospherePatchEmbed` with its three turned kernels computed once."""
 
     def __init__(self, embed: IcospherePatchEmbed) -> None:

@@ -1,0 +1,211 @@
+"""The icosphere tokenizer's passes into and out of the basis of a patch's turns (``icosphere_c3.cpp``).
+
+:mod:`eqvit.nn.fused_icosphere` factors the lifting and the unpatchify over the patch's 120-degree turns;
+this module binds the compiled loops around the two matrix products that remain, once per input layout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+
+import torch
+
+from eqvit.kernels import KernelUnavailable, load
+
+__all__ = ["IcosphereC3Kernel"]
+
+_LONG, _INT, _PTR = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+_SIGNATURES = {
+    "lift_features": [_PTR, _LONG, _LONG, _LONG, _LONG, _LONG, _PTR, _LONG, _LONG, _PTR, _INT],
+    "token_features": [_PTR, _LONG, _LONG, _LONG, _PTR, _INT],
+    "tokens": [_PTR, _PTR, _LONG, _LONG, _PTR, _INT],
+    "scatter": [_PTR, _PTR, _LONG, _LONG, _LONG, _LONG, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _LONG, _PTR, _INT],
+}
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+class IcosphereC3Kernel:
+    """The compiled passes, bound once; ``None`` from :meth:`load` where they cannot be built.
+
+    :meth:`bind_lift` and :meth:`bind_unpatchify` check a layout and the factored weights once and return
+    the forward for inputs of that layout (the caller keeps it per layout).
+    """
+
+    dtypes = (torch.float32, torch.float64)
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.eqvit_c3_max_channels.restype = _LONG
+        self.max_channels = int(lib.eqvit_c3_max_channels())
+        self._fns: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
+        for name, argtypes in _SIGNATURES.items():
+            for dtype, suffix in _SUFFIX.items():
+                fn = getattr(lib, f"eqvit_c3_{name}_{suffix}")
+                fn.argtypes, fn.restype = argtypes, None
+                self._fns[name, dtype] = fn
+
+    @classmethod
+    def load(cls, *, warn: bool = True) -> IcosphereC3Kernel | None:
+        """The kernel, or None where it cannot be built (see :func:`eqvit.kernels.load`)."""
+        lib = load("icosphere_c3", warn=warn)
+        return None if lib is None else _bind(lib)
+
+    # A loaded library is shared, never copied (as :class:`eqvit.kernels.so3.SO3RotationKernel`).
+    def __deepcopy__(self, memo: dict) -> IcosphereC3Kernel:
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (_load_or_raise, ())
+
+    def supports(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether the passes can run on ``x`` with factored weights like ``weight`` (else the dense form)."""
+        return (
+            x.device.type == "cpu"
+            and x.dtype in self.dtypes
+            and weight.dtype == x.dtype
+            and weight.device.type == "cpu"
+            and not x.requires_grad  # ctypes writes are invisible to autograd
+        )
+
+    def bind_lift(
+        self,
+        x: torch.Tensor,
+        orbit_vertex: torch.Tensor,
+        mean_weight_t: torch.Tensor,
+        mean_bias: torch.Tensor,
+        turn_weight_t: torch.Tensor,
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The lifting for inputs laid out like ``x [B, C, V]``: ``tokens [B, 3 M, D] = lift(x)``.
+
+        ``orbit_vertex [M, O, 3]``: the vertices of each patch's tap orbits (member r of orbit o);
+        ``mean_weight_t [O C, D]``, ``mean_bias [D]`` and ``turn_weight_t [2 O C, 2 D]``: the factors.
+        """
+        B, C, V = x.shape
+        M, O, _ = orbit_vertex.shape
+        OC, D = O * C, mean_weight_t.shape[1]
+        self._check(x, mean_weight_t, mean_bias, turn_weight_t)
+        if x.ndim != 3 or orbit_vertex.shape[2:] != (3,) or mean_weight_t.shape != (OC, D):
+            raise ValueError(
+                f"expected x [B, C, V], orbit vertices [M, O, 3] and mean weights [O C, D]; got x {list(x.shape)}, "
+                f"orbit vertices {list(orbit_vertex.shape)}, mean weights {list(mean_weight_t.shape)}"
+            )
+        if turn_weight_t.shape != (2 * OC, 2 * D) or mean_bias.shape != (D,):
+            raise ValueError(
+                f"expected turn weights [{2 * OC}, {2 * D}] and a bias [{D}]; got {list(turn_weight_t.shape)}, "
+                f"{list(mean_bias.shape)}"
+            )
+        _check_index(orbit_vertex, V, "orbit vertex")
+        sxb, sxc, sxv = x.stride()
+        features, tokens = self._fns["lift_features", x.dtype], self._fns["tokens", x.dtype]
+        dtype, R = x.dtype, B * M
+
+        def lift(x: torch.Tensor) -> torch.Tensor:
+            threads = torch.get_num_threads()
+            turned = torch.empty(R, 3 * OC, dtype=dtype)
+            features(x.data_ptr(), B, C, sxb, sxc, sxv, orbit_vertex.data_ptr(), M, O, turned.data_ptr(), threads)
+            mean = torch.addmm(mean_bias, turned[:, :OC], mean_weight_t)
+            turning = torch.mm(turned[:, OC:], turn_weight_t)
+            out = torch.empty(B, 3 * M, D, dtype=dtype)
+            tokens(mean.data_ptr(), turning.data_ptr(), R, D, out.data_ptr(), threads)
+            return out
+
+        return lift
+
+    def bind_unpatchify(
+        self,
+        tokens: torch.Tensor,
+        scatter_plan: dict[str, torch.Tensor],
+        mean_weight_t: torch.Tensor,
+        mean_bias: torch.Tensor,
+        turn_weight_t: torch.Tensor,
+        inv_count: torch.Tensor,
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The unpatchify for tokens laid out like ``tokens [B, 3 M, D]`` (contiguous): ``[B, C, V]``.
+
+        ``mean_weight_t [D, O C]``, ``mean_bias [O C]``, ``turn_weight_t [2 D, 2 O C]``: the factors (columns
+        (o, c)); ``scatter_plan``: ``vertex``, ``ptr``, ``zoff``, ``uoff`` (int32) and ``turn`` (uint8), see
+        ``icosphere_c3.cpp``; ``inv_count [V]``: 1 / (what each vertex receives).
+        """
+        B, N, D = tokens.shape
+        M, V = N // 3, inv_count.shape[0]
+        OC = mean_weight_t.shape[1]
+        self._check(tokens, mean_weight_t, mean_bias, turn_weight_t, inv_count)
+        if not tokens.is_contiguous() or N % 3 or mean_weight_t.shape[0] != D:
+            raise ValueError(
+                f"expected contiguous tokens [B, 3 M, D] and mean weights [D, O C]; got tokens {list(tokens.shape)} "
+                f"(contiguous: {tokens.is_contiguous()}), mean weights {list(mean_weight_t.shape)}"
+            )
+        if turn_weight_t.shape != (2 * D, 2 * OC) or mean_bias.shape != (OC,):
+            raise ValueError(
+                f"expected turn weights [{2 * D}, {2 * OC}] and a bias [{OC}]; got {list(turn_weight_t.shape)}, "
+                f"{list(mean_bias.shape)}"
+            )
+        C = _check_scatter_plan(scatter_plan, M, OC, V)
+        if C > self.max_channels:
+            raise ValueError(f"the kernel scatters at most {self.max_channels} channels, got {C}")
+        plan = [scatter_plan[key].data_ptr() for key in ("vertex", "ptr", "zoff", "uoff", "turn")]
+        features, scatter = self._fns["token_features", tokens.dtype], self._fns["scatter", tokens.dtype]
+        dtype, R = tokens.dtype, B * M
+
+        def unpatchify(tokens: torch.Tensor) -> torch.Tensor:
+            threads = torch.get_num_threads()
+            turned = torch.empty(R, 3 * D, dtype=dtype)
+            features(tokens.data_ptr(), R, D, 3 * D, turned.data_ptr(), threads)
+            mean = torch.addmm(mean_bias, turned[:, :D], mean_weight_t)
+            turning = torch.mm(turned[:, D:], turn_weight_t)
+            out = torch.empty(B, C, V, dtype=dtype)
+            values = (mean.data_ptr(), turning.data_ptr())
+            scatter(*values, B, M, OC, C, *plan, inv_count.data_ptr(), V, out.data_ptr(), threads)
+            return out
+
+        # the plan's tensors must outlive the call that holds their pointers
+        unpatchify.scatter_plan = scatter_plan
+        return unpatchify
+
+    def _check(self, x: torch.Tensor, *weights: torch.Tensor) -> None:
+        if not all(self.supports(x, w) and w.is_contiguous() for w in weights):
+            raise ValueError(
+                f"the icosphere C3 kernel needs a CPU float32/float64 input not requiring grad and contiguous "
+                f"weights of its dtype; got {list(x.shape)} {x.dtype} on {x.device} "
+                f"(requires_grad={x.requires_grad}), weights {[(w.dtype, w.device.type) for w in weights]}"
+            )
+
+
+def _check_index(index: torch.Tensor, bound: int, what: str) -> None:
+    """The compiled loops trust their indices: check them once, where they are bound."""
+    if index.dtype != torch.int64 or not index.is_contiguous() or index.numel() == 0:
+        raise ValueError(f"expected a contiguous int64 {what} index, got {index.dtype} {list(index.shape)}")
+    if int(index.min()) < 0 or int(index.max()) >= bound:
+        raise ValueError(f"{what} index out of range [0, {bound}): {int(index.min())} .. {int(index.max())}")
+
+
+def _check_scatter_plan(plan: dict[str, torch.Tensor], M: int, OC: int, V: int) -> int:
+    """The plan's output channel count C, after checking that every offset it holds stays in bounds."""
+    vertex, ptr, zoff, uoff, turn = (plan[key] for key in ("vertex", "ptr", "zoff", "uoff", "turn"))
+    int32 = (vertex, ptr, zoff, uoff)
+    if not all(t.dtype == torch.int32 and t.is_contiguous() for t in int32) or turn.dtype != torch.uint8:
+        raise ValueError("expected a scatter plan of contiguous int32 vertex, ptr, zoff, uoff and uint8 turn")
+    entries = zoff.numel()
+    C = OC * M * 3 // entries if entries else 0
+    ok = vertex.numel() == V and ptr.numel() == V + 1 and uoff.numel() == entries == turn.numel()
+    ok = ok and C > 0 and OC % C == 0 and entries == M * (OC // C) * 3
+    ok = ok and int(ptr[0]) == 0 and int(ptr[-1]) == entries and bool((ptr[1:] >= ptr[:-1]).all())
+    ok = ok and sorted(vertex.tolist()) == list(range(V)) and int(turn.max()) <= 2
+    ok = ok and int(zoff.min()) >= 0 and int(zoff.max()) + C <= M * OC
+    ok = ok and int(uoff.min()) >= 0 and int(uoff.max()) + OC + C <= 2 * M * OC
+    if not ok:
+        raise ValueError(f"the scatter plan does not fit {M} patches of {OC} orbit values onto {V} vertices")
+    return C
+
+
+@functools.cache
+def _bind(lib: ctypes.CDLL) -> IcosphereC3Kernel:
+    return IcosphereC3Kernel(lib)
+
+
+def _load_or_raise() -> IcosphereC3Kernel:
+    kernel = IcosphereC3Kernel.load()
+    if kernel is None:
+        raise KernelUnavailable("this model was fused with the icosphere C3 kernel, which cannot be built here")
+    return kernel

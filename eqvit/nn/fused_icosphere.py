@@ -1,0 +1,195 @@
+"""The icosphere tokenizer's inference form, factored over a patch's 120-degree turns (C3).
+
+A patch's three tokens are its kernel turned by 0, 120 and 240 degrees: the lifting reads the patch's
+taps with the three turned kernels, the unpatchify writes them back. The taps fall into orbits of three
+under the turn, and turn s meets member r of an orbit with the kernel's member r + s (mod 3). So per
+orbit the dense map between three inputs and three outputs is a 3 x 3 block matrix whose block rows and
+block columns all sum to the same block: block diagonal in the real Fourier basis of C3, with one block
+on the orbit means and one on the two turning components,
+
+    mean:    [A, K]    on x0 + x1 + x2, giving z
+    turning: [2A, 2K]  on (x0 - (x1 + x2) / 2 | x1 - x2), giving u, v
+
+and the three outputs ``z + u | z + v | z - u - v``: 5/9 of the dense product's multiply-adds (the
+matrix products of SO3ViT's lifting and unpatchify drop from 16.6M to 9.2M at width 128). The changes
+of basis are the compiled passes of :mod:`eqvit.kernels.icosphere`; where they cannot run (a GPU,
+gradients, bf16) the modules keep the dense turned kernels of their base classes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from eqvit.kernels.icosphere import IcosphereC3Kernel
+from eqvit.nn.fused import FrozenIcosphereLift, FrozenIcosphereUnpatchify
+from eqvit.nn.kept_calls import KeptKernelCalls, layout_of
+from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
+
+# How the turn basis rebuilds the three members of an orbit and reads them (see icosphere_c3.cpp):
+# member t = z + OUT_U[t] u + OUT_V[t] v; the turning inputs are sum_r IN_A[r] x_r and sum_r IN_B[r] x_r.
+OUT_U, OUT_V = (1.0, 0.0, -1.0), (0.0, 1.0, -1.0)
+IN_A, IN_B = (1.0, -0.5, -0.5), (0.0, 1.0, -1.0)
+
+
+def tap_orbits(orientation_taps: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``[O, 3]``: the orbits of a patch's taps under the turn, member r of each being the r-th turn of
+    its first. ``orientation_taps [3, P]`` is the lifting's: turn s reads tap ``taps[s][q]`` where turn 0
+    reads q."""
+    taps = torch.tensor(np.array(orientation_taps), dtype=torch.int64)
+    if taps.ndim != 2 or taps.shape[0] != 3:
+        raise ValueError(f"expected orientation taps [3, P], got {list(taps.shape)}")
+    turn = taps[1]
+    identity = torch.arange(taps.shape[1])
+    if not torch.equal(taps[0], identity) or not torch.equal(turn[turn], taps[2]):
+        raise ValueError("the orientation taps are not the turns 0, 1, 2 of one permutation")
+    if not torch.equal(turn[taps[2]], identity) or bool((turn == identity).any()):
+        raise ValueError("the turn of the taps is not of order 3 without fixed taps: no orbits of three")
+    orbits, seen = [], torch.zeros(taps.shape[1], dtype=torch.bool)
+    for q in range(taps.shape[1]):
+        if not seen[q]:
+            orbit = [q, int(turn[q]), int(taps[2][q])]
+            seen[orbit] = True
+            orbits.append(orbit)
+    return torch.tensor(orbits, dtype=torch.int64)
+
+
+def c3_factors(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A map between the three members of an orbit, ``blocks [3 (out t), 3 (in r), A, K]``, as its mean
+    block ``[A, K]`` and its turning block ``[2 A, 2 K]`` (rows u then v, columns the two turning inputs).
+
+    Exact when every block row and block column sums to the same block (as the turned kernels' do);
+    ValueError otherwise (the factors are checked to rebuild the blocks to round-off).
+    """
+    if blocks.ndim != 4 or blocks.shape[:2] != (3, 3):
+        raise ValueError(f"expected blocks [3, 3, A, K], got {list(blocks.shape)}")
+    blocks = blocks.to(torch.float64)
+    mean = blocks[0].sum(0) / 3
+    # member t's map after the mean, sum_r (blocks[t, r] - mean) x_r, sums to zero over r: it reads the
+    # turning inputs only, x_a = x0 - (x1 + x2) / 2 and x_b = x1 - x2. Member 2 is then z - u - v.
+    rest = blocks - mean
+    turning = torch.cat(
+        [torch.cat([rest[t, 0], rest[t, 1] + rest[t, 0] / 2], dim=1) for t in (0, 1)], dim=0
+    )  # [2A, 2K]
+    rebuilt = c3_dense(mean, turning)
+    scale = blocks.abs().max().clamp_min(1e-300)
+    if (rebuilt - blocks).abs().max() > 1e-12 * scale:
+        raise ValueError("the blocks' rows and columns do not all sum alike: no factorisation over the turns")
+    return mean, turning
+
+
+def c3_dense(mean: torch.Tensor, turning: torch.Tensor) -> torch.Tensor:
+    """The blocks ``[3, 3, A, K]`` that :func:`c3_factors` factors (its inverse)."""
+    A, K = mean.shape
+    u, v = turning[:A], turning[A:]
+    blocks = []
+    for t in range(3):
+        uv = OUT_U[t] * u + OUT_V[t] * v  # [A, 2K]
+        blocks.append([mean + IN_A[r] * uv[:, :K] + IN_B[r] * uv[:, K:] for r in range(3)])
+    return torch.stack([torch.stack(row) for row in blocks])
+
+
+class C3IcosphereLift(KeptKernelCalls, FrozenIcosphereLift):
+    """:class:`FrozenIcosphereLift` factored over the turns, on the compiled passes where they run:
+    ``x [B, C, V] -> tokens [B, 3M, D]``."""
+
+    def __init__(self, embed: IcospherePatchEmbed, kernel: IcosphereC3Kernel) -> None:
+        super().__init__(embed)
+        orbits = tap_orbits(embed.lifting.orientation_taps)
+        M, P = embed.lifting.face_index.shape
+        weight, bias = embed.turned_weights()  # [3 D, P C] rows (s, d), columns (q, c); bias [3 D]
+        D, C = weight.shape[0] // 3, weight.shape[1] // P
+        per_turn = weight.detach().to(torch.float64).view(3, D, P, C)[:, :, orbits]  # [3 s, D, O, 3 r, C]
+        mean, turning = c3_factors(per_turn.permute(0, 3, 1, 2, 4).reshape(3, 3, D, -1))
+        bias = bias.detach().to(torch.float64).view(3, D)
+        if not torch.equal(bias, bias[:1].expand(3, D)):
+            raise ValueError("the three turned kernels of a lifting share one bias")
+        self.register_exact_buffer("mean_weight_t", mean.t().contiguous())  # [O C, D]
+        self.register_exact_buffer("turn_weight_t", turning.t().contiguous())  # [2 O C, 2 D]
+        self.register_exact_buffer("mean_bias", bias[0])
+        self.register_buffer("orbit_vertex", self.face_index.view(M, P)[:, orbits].contiguous(), persistent=False)
+        self.kernel = kernel
+        self.to(device=weight.device, dtype=weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, C, V] -> tokens [B, 3M, D]``."""
+        kept = None if x.requires_grad else self.kept_call(layout_of(x))
+        return kept(x) if kept is not None else self._lift_and_keep(x)
+
+    def _lift_and_keep(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.kernel.supports(x, self.mean_weight_t):
+            return super().forward(x)
+        lift = self.kernel.bind_lift(x, self.orbit_vertex, self.mean_weight_t, self.mean_bias, self.turn_weight_t)
+        self.keep_call(layout_of(x), lift)
+        return lift(x)
+
+
+class C3IcosphereUnpatchify(KeptKernelCalls, FrozenIcosphereUnpatchify):
+    """:class:`FrozenIcosphereUnpatchify` factored over the turns, on the compiled passes where they run:
+    ``tokens [B, 3M, D] -> [B, C_out, V]``."""
+
+    def __init__(self, head: IcosphereUnpatchify, kernel: IcosphereC3Kernel) -> None:
+        super().__init__(head)
+        orbits = tap_orbits(head.lifting.orientation_taps)
+        face_index = torch.from_numpy(head.lifting.face_index.copy())  # [M, P]
+        P, O = face_index.shape[1], orbits.shape[0]
+        weight, bias = head.turned_weights()  # [C P, 3 D] rows (c, q), columns (s, d); bias [C P]
+        C, D = weight.shape[0] // P, weight.shape[1] // 3
+        per_tap = weight.detach().to(torch.float64).view(C, P, 3, D)[:, orbits]  # [C, O, 3 r, 3 s, D]
+        mean, turning = c3_factors(per_tap.permute(2, 3, 1, 0, 4).reshape(3, 3, O * C, D))
+        # Every tap receives the bias of its whole orbit (the three turns'): summed here in float64.
+        orbit_bias = head.proj.bias.detach().to(torch.float64).view(C, P)[:, orbits].sum(-1)  # [C, O]
+        expected = orbit_bias[:, torch.argsort(orbits.reshape(-1)) // 3]  # [C, P], tap q's orbit
+        if not torch.allclose(bias.detach().to(torch.float64).view(C, P), expected, rtol=1e-5, atol=1e-6):
+            raise ValueError("the summed bias of an unpatchify is not its orbit's: the taps' turns are not C3")
+        self.register_exact_buffer("mean_weight_t", mean.t().contiguous())  # [D, O C]
+        self.register_exact_buffer("turn_weight_t", turning.t().contiguous())  # [2 D, 2 O C]
+        self.register_exact_buffer("mean_bias", orbit_bias.t().reshape(O * C))
+        for name, value in _scatter_plan(face_index[:, orbits], C, head.num_vertices).items():
+            self.register_buffer(f"scatter_{name}", value, persistent=False)
+        self.kernel = kernel
+        self.to(device=weight.device, dtype=weight.dtype)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, 3M, D] -> [B, C_out, V]``."""
+        kept = None if tokens.requires_grad else self.kept_call(layout_of(tokens))
+        return kept(tokens) if kept is not None else self._unpatchify_and_keep(tokens)
+
+    def _unpatchify_and_keep(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not (self.kernel.supports(tokens, self.mean_weight_t) and tokens.is_contiguous()):
+            return super().forward(tokens)
+        plan = {name: getattr(self, f"scatter_{name}") for name in ("vertex", "ptr", "zoff", "uoff", "turn")}
+        unpatchify = self.kernel.bind_unpatchify(
+            tokens, plan, self.mean_weight_t, self.mean_bias, self.turn_weight_t, self.inv_count
+        )
+        self.keep_call(layout_of(tokens), unpatchify)
+        return unpatchify(tokens)
+
+
+def _scatter_plan(orbit_vertex: torch.Tensor, channels: int, V: int) -> dict[str, torch.Tensor]:
+    """Who writes on each vertex, for the gather-form scatter of ``icosphere_c3.cpp``.
+
+    ``orbit_vertex [M, O, 3]``: the vertex of member r of orbit o of patch m. Entry (m, o, r) is read from
+    the orbit values at ``zoff = m O C + o C`` (mean part) and ``uoff = 2 m O C + o C`` (turning parts);
+    vertices are visited by their first entry, so that the reads run nearly in sequence.
+    """
+    O = orbit_vertex.shape[1]
+    flat = orbit_vertex.reshape(-1)
+    entry = torch.arange(flat.numel())
+    first = torch.full((V,), flat.numel(), dtype=torch.int64).scatter_reduce(0, flat, entry, "amin")
+    vertex = torch.argsort(first, stable=True)
+    rank = torch.empty(V, dtype=torch.int64)
+    rank[vertex] = torch.arange(V)
+    order = torch.argsort(rank[flat], stable=True)  # entries grouped by vertex, in entry order within one
+    orbit, turn = order // 3, order % 3
+    m, o = orbit // O, orbit % O
+    OC = O * channels
+    ptr = torch.zeros(V + 1, dtype=torch.int64)
+    ptr[1:] = torch.bincount(rank[flat], minlength=V).cumsum(0)
+    return {
+        "vertex": vertex.to(torch.int32),
+        "ptr": ptr.to(torch.int32),
+        "zoff": (m * OC + o * channels).to(torch.int32),
+        "uoff": (2 * m * OC + o * channels).to(torch.int32),
+        "turn": turn.to(torch.uint8),
+    }

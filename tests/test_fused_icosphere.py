@@ -1,0 +1,154 @@
+"""The icosphere tokenizer's inference form factored over a patch's turns (:mod:`eqvit.nn.fused_icosphere`):
+the factors rebuild the turned kernels, and the compiled passes compute what the dense forms compute."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+import eqvit
+from eqvit.kernels.icosphere import IcosphereC3Kernel
+from eqvit.nn.fused import FrozenIcosphereLift, FrozenIcosphereUnpatchify
+from eqvit.nn.fused_icosphere import C3IcosphereLift, C3IcosphereUnpatchify, c3_dense, c3_factors, tap_orbits
+from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify, icosphere_lifting
+
+KERNEL = IcosphereC3Kernel.load(warn=False)
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C++ compiler builds eqvit/kernels/icosphere_c3.cpp here")
+INPUT_LEVEL, PATCH_LEVEL = 3, 1  # 642 vertices, 80 patches of 15 taps (5 orbits), 240 tokens
+
+
+def test_the_taps_of_a_patch_fall_into_orbits_of_the_turn():
+    taps = icosphere_lifting(INPUT_LEVEL, PATCH_LEVEL).orientation_taps
+    orbits = tap_orbits(taps)
+    assert orbits.shape == (taps.shape[1] // 3, 3)
+    assert sorted(orbits.reshape(-1).tolist()) == list(range(taps.shape[1]))  # a partition of the taps
+    turn = torch.from_numpy(taps[1].copy())
+    assert torch.equal(turn[orbits[:, 0]], orbits[:, 1]) and torch.equal(turn[orbits[:, 1]], orbits[:, 2])
+    with pytest.raises(ValueError, match="turns 0, 1, 2"):
+        tap_orbits(taps[[1, 0, 2]])
+    fixed = torch.arange(6).expand(3, 6).clone()  # a "turn" that moves nothing
+    with pytest.raises(ValueError, match="order 3"):
+        tap_orbits(fixed)
+
+
+def _turned_blocks(A: int, K: int) -> torch.Tensor:
+    """Blocks [3, 3, A, K] that depend on r + s only, as a turned kernel's do."""
+    kernel = torch.randn(3, A, K, dtype=torch.float64)
+    return torch.stack([torch.stack([kernel[(t + r) % 3] for r in range(3)]) for t in range(3)])
+
+
+def test_factors_over_the_turns_rebuild_the_blocks_and_refuse_others():
+    blocks = _turned_blocks(4, 5)
+    mean, turning = c3_factors(blocks)
+    assert mean.shape == (4, 5) and turning.shape == (8, 10)
+    assert (c3_dense(mean, turning) - blocks).abs().max() <= 1e-14
+    # the factored products compute the three outputs of the dense one
+    x = torch.randn(3, 5, dtype=torch.float64)
+    dense = torch.einsum("trak,rk->ta", blocks, x)
+    z = mean @ x.sum(0)
+    u, v = (turning @ torch.cat([x[0] - (x[1] + x[2]) / 2, x[1] - x[2]])).split(4)
+    assert torch.allclose(torch.stack([z + u, z + v, z - u - v]), dense, atol=1e-13)
+    with pytest.raises(ValueError, match="sum alike"):
+        c3_factors(torch.randn(3, 3, 4, 5, dtype=torch.float64))
+
+
+def _pair(cls_frozen, cls_c3, module):
+    return cls_frozen(module), cls_c3(module, KERNEL)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_factored_lifting_computes_the_dense_one(dtype, batch):
+    torch.manual_seed(0)
+    embed = IcospherePatchEmbed(4, 16, INPUT_LEVEL, PATCH_LEVEL).to(dtype)
+    dense, factored = _pair(FrozenIcosphereLift, C3IcosphereLift, embed)
+    x = torch.randn(batch, 642, 4, dtype=dtype).transpose(1, 2)  # channels-last strides: any layout binds
+    with torch.no_grad():
+        expected, got = dense(x), factored(x)
+    tolerance = 1e-13 if dtype == torch.float64 else 1e-5
+    assert got.shape == expected.shape == (batch, 240, 16)
+    assert (got - expected).abs().max() <= tolerance * expected.abs().max()
+    assert torch.equal(factored(x), got)  # the kept call of this layout computes the same
+    assert len(factored._kept) == 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("channels", [3, 7])  # a compile-time channel count, and one at run time
+def test_factored_unpatchify_computes_the_dense_one(dtype, batch, channels):
+    torch.manual_seed(0)
+    head = IcosphereUnpatchify(16, channels, INPUT_LEVEL, PATCH_LEVEL).to(dtype)
+    dense, factored = _pair(FrozenIcosphereUnpatchify, C3IcosphereUnpatchify, head)
+    tokens = torch.randn(batch, 240, 16, dtype=dtype)
+    expected, got = dense(tokens), factored(tokens)
+    tolerance = 1e-13 if dtype == torch.float64 else 1e-5
+    assert got.shape == expected.shape == (batch, channels, 642)
+    assert (got - expected).abs().max() <= tolerance * expected.abs().max()
+    assert torch.equal(factored(tokens), got)
+
+
+@needs_kernel
+def test_outside_the_kernels_domain_the_dense_forms_run():
+    """Gradients (ctypes writes are invisible to autograd), bf16 and strided tokens take the dense form."""
+    embed = IcospherePatchEmbed(3, 8, INPUT_LEVEL, PATCH_LEVEL)
+    head = IcosphereUnpatchify(8, 3, INPUT_LEVEL, PATCH_LEVEL)
+    lift, unpatchify = C3IcosphereLift(embed, KERNEL), C3IcosphereUnpatchify(head, KERNEL)
+    x = torch.randn(2, 3, 642, requires_grad=True)
+    tokens = lift(x)
+    (grad,) = torch.autograd.grad(tokens.sum(), x)
+    assert torch.allclose(tokens, FrozenIcosphereLift(embed)(x), atol=1e-6) and grad.abs().sum() > 0
+    assert not lift._kept  # nothing kept for a path that is not the kernel's
+    half = torch.randn(2, 240, 8).bfloat16()
+    assert torch.equal(unpatchify.to(torch.bfloat16)(half), FrozenIcosphereUnpatchify(head).to(torch.bfloat16)(half))
+    strided = torch.randn(2, 8, 240).transpose(1, 2)
+    unpatchify = C3IcosphereUnpatchify(head, KERNEL)
+    assert torch.allclose(unpatchify(strided), FrozenIcosphereUnpatchify(head)(strided), atol=1e-6)
+    assert not unpatchify._kept
+
+
+@needs_kernel
+def test_kept_calls_are_checked_per_layout_and_follow_the_module():
+    torch.manual_seed(0)
+    head = IcosphereUnpatchify(8, 3, INPUT_LEVEL, PATCH_LEVEL)
+    unpatchify = C3IcosphereUnpatchify(head, KERNEL)
+    unpatchify(torch.randn(1, 240, 8))
+    with pytest.raises(ValueError, match="scatter plan does not fit"):  # 79 patches: a new layout, checked
+        unpatchify(torch.randn(1, 237, 8))
+    tokens = torch.randn(2, 240, 8, dtype=torch.float64)
+    cast = unpatchify.double()  # new float64 factors: the float32 call is dropped
+    assert not cast._kept
+    assert (cast(tokens) - head.double()(tokens)).abs().max() <= 1e-13 * head.double()(tokens).abs().max()
+    copied = copy.deepcopy(cast)
+    assert not copied._kept and copied.kernel is KERNEL
+    assert not pickle.loads(pickle.dumps(cast))._kept
+    with torch.no_grad():  # a factor edited in place is what the kept call computes with
+        cast.mean_bias.add_(1.0)
+    # every patch tap gets 1 more, summed over the three tokens: each vertex's average moves by 1/3
+    assert torch.allclose(cast(tokens), head.double()(tokens) + 1 / 3, atol=1e-12)
+
+
+@needs_kernel
+def test_a_corrupt_scatter_plan_is_refused_where_it_is_bound():
+    head = IcosphereUnpatchify(8, 3, INPUT_LEVEL, PATCH_LEVEL)
+    unpatchify = C3IcosphereUnpatchify(head, KERNEL)
+    with torch.no_grad():
+        unpatchify.scatter_zoff[5] = 10**6  # would read far outside the orbit values
+    with pytest.raises(ValueError, match="scatter plan does not fit"):
+        unpatchify(torch.randn(1, 240, 8))
+
+
+@needs_kernel
+def test_fuse_factors_so3vit_tokenizer_and_head_and_keeps_it_exact():
+    from randomise import randomise_
+
+    model = randomise_(eqvit.models.create_model("so3vit_tiny")).double().eval()
+    fused = eqvit.fuse(model)
+    assert isinstance(fused.tokenizer, C3IcosphereLift) and isinstance(fused.head, C3IcosphereUnpatchify)
+    x = model.domain.random_input(2, model.in_chans)
+    with torch.no_grad():
+        assert (fused(x) - model(x)).abs().max() <= 1e-12 * model(x).abs().max()
