@@ -103,6 +103,9 @@ def test_outside_the_kernels_domain_the_dense_forms_run():
     (grad,) = torch.autograd.grad(tokens.sum(), x)
     assert torch.allclose(tokens, FrozenIcosphereLift(embed)(x), atol=1e-6) and grad.abs().sum() > 0
     assert not lift._kept  # nothing kept for a path that is not the kernel's
+    lift(x.detach())  # keeps the float32 layout, which CPU autocast must not take (bf16 between the passes)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(lift(x.detach()), FrozenIcosphereLift(embed)(x.detach()))
     half = torch.randn(2, 240, 8).bfloat16()
     assert torch.equal(unpatchify.to(torch.bfloat16)(half), FrozenIcosphereUnpatchify(head).to(torch.bfloat16)(half))
     strided = torch.randn(2, 8, 240).transpose(1, 2)

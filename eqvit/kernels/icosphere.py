@@ -14,7 +14,7 @@ import torch
 
 from eqvit.kernels import KernelUnavailable, load
 
-__all__ = ["IcosphereC3Kernel"]
+__all__ = ["IcosphereC3Kernel", "outside_kernels"]
 
 _LONG, _INT, _PTR = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
@@ -24,6 +24,12 @@ _SIGNATURES = {
     "scatter": [_PTR, _PTR, _LONG, _LONG, _LONG, _LONG, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _LONG, _PTR, _INT],
 }
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def outside_kernels(x: torch.Tensor) -> bool:
+    """Whether a forward on ``x`` must keep to PyTorch's operators: under autograd (ctypes writes are invisible
+    to it) or CPU autocast (the matrix products between the passes would hand them bf16 tensors)."""
+    return x.requires_grad or torch.is_autocast_enabled("cpu")
 
 
 class IcosphereC3Kernel:
@@ -65,7 +71,7 @@ class IcosphereC3Kernel:
             and x.dtype in self.dtypes
             and weight.dtype == x.dtype
             and weight.device.type == "cpu"
-            and not x.requires_grad  # ctypes writes are invisible to autograd
+            and not outside_kernels(x)
         )
 
     def bind_lift(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from eqvit.kernels.icosphere import IcosphereC3Kernel
+from eqvit.kernels.icosphere import IcosphereC3Kernel, outside_kernels
 from eqvit.nn.fused import FrozenIcosphereLift, FrozenIcosphereUnpatchify
 from eqvit.nn.kept_calls import KeptKernelCalls, layout_of
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
@@ -113,7 +113,7 @@ class C3IcosphereLift(KeptKernelCalls, FrozenIcosphereLift):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, C, V] -> tokens [B, 3M, D]``."""
-        kept = None if x.requires_grad else self.kept_call(layout_of(x))
+        kept = None if outside_kernels(x) else self.kept_call(layout_of(x))
         return kept(x) if kept is not None else self._lift_and_keep(x)
 
     def _lift_and_keep(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,7 +152,7 @@ class C3IcosphereUnpatchify(KeptKernelCalls, FrozenIcosphereUnpatchify):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, 3M, D] -> [B, C_out, V]``."""
-        kept = None if tokens.requires_grad else self.kept_call(layout_of(tokens))
+        kept = None if outside_kernels(tokens) else self.kept_call(layout_of(tokens))
         return kept(tokens) if kept is not None else self._unpatchify_and_keep(tokens)
 
     def _unpatchify_and_keep(self, tokens: torch.Tensor) -> torch.Tensor:
