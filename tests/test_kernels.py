@@ -90,6 +90,20 @@ def test_a_layout_seen_before_goes_straight_to_the_kept_kernel_call():
 
 
 @needs_kernel
+def test_a_stream_of_new_layouts_keeps_a_bounded_number_of_calls(monkeypatch):
+    from eqvit.nn import kept_calls
+
+    monkeypatch.setattr(kept_calls, "MAX_KEPT", 2)
+    rope = SO3RoPE(32, poses=random_poses(7)).double()
+    fused = KernelSO3RoPE(rope, KERNEL)
+    for batch in range(1, 6):
+        qk = torch.randn(batch, 7, 2, 4, 32, dtype=torch.float64)
+        expected = rope.rotate_qk_stacked_(qk.clone())
+        assert fused.rotate_qk_stacked_(qk).sub(expected).abs().max() <= 1e-12
+        assert len(fused._kept) <= 2
+
+
+@needs_kernel
 def test_kept_kernel_calls_follow_the_module_tensors():
     """A new blocks tensor (assigned, or cast with the module) replaces the kept calls' bound one."""
     rope = SO3RoPE(32, poses=random_poses(7)).double()

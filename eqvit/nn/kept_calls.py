@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+MAX_KEPT = 64  # layouts kept per module
+
 
 def layout_of(x: torch.Tensor, *extra: Hashable) -> tuple:
     """What a kept call depends on: ``x``'s shape, strides, dtype and device (and ``extra``)."""
@@ -34,6 +36,8 @@ class KeptKernelCalls(nn.Module):
         return self._kept.get(layout)
 
     def keep_call(self, layout: tuple, call: Callable) -> None:
+        if len(self._kept) >= MAX_KEPT:  # a stream of ever new shapes: keep the recent ones only
+            self._kept.clear()
         self._kept[layout] = call
 
     def __setattr__(self, name: str, value: Any) -> None:
