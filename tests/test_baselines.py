@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -191,6 +192,8 @@ def test_benchmark_smoke(tmp_path, capsys):
     assert result["headline"]["over_bare"] > 0 and result["headline"]["bare_speedup"] > 0
     assert result["headline"]["fused"] == "so3vit_tiny[fused]"
     assert min(result["headline"][k] for k in ("fused_speedup", "fused_over_bare", "fused_rope_overhead")) > 0
+    low, high = result["headline"]["fused_over_bare_paired_ci90"]  # how far the paired median can move
+    assert low <= result["headline"]["fused_over_bare_paired_median"] <= high
     assert (
         len(result["forward_ms_raw"]["so3vit_tiny"]) == 3 and len(result["forward_ms_raw"]["s2transformer_tiny"]) == 2
     )
@@ -198,6 +201,7 @@ def test_benchmark_smoke(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "SO(3)-RoPE overhead" in printed and "speed-up over s2transformer_tiny" in printed
     assert "over the bare blocks" in printed and "so3vit_tiny[fused] over the bare blocks" in printed
+    assert "90% interval" in printed
     # The memory measurement that the CLI runs in a fresh process, here in-process.
     mem = bench.memory_worker("so3vit_tiny", "cpu", batch=2, steps=1)
     assert mem["peak_mb"] >= mem["model_tensors_mb"] > 0 and len(mem["train_step_ms"]) == 1
@@ -222,6 +226,20 @@ def test_benchmark_cli_with_memory_subprocesses(tmp_path):
     rows = {r["model"]: r for r in result["rows"]}
     assert rows["s2transformer_tiny"]["train_peak_mb"] > 0 and rows["so3vit_tiny"]["memory_ratio"] > 0
     assert result["headline"]["memory_ratio"] > 0
+
+
+def test_median_interval_brackets_the_median_and_narrows_with_more_rounds():
+    import random
+
+    from eqvit.bench.so3vit_vs_s2transformer import median_interval
+
+    rng = random.Random(1)
+    few = [1.05 + rng.gauss(0, 0.05) for _ in range(30)]
+    many = [1.05 + rng.gauss(0, 0.05) for _ in range(300)]
+    low, high = median_interval(few)
+    assert low <= statistics.median(few) <= high and median_interval(few) == (low, high)  # seeded
+    assert median_interval(many)[1] - median_interval(many)[0] < high - low
+    assert median_interval([1.0, 1.0, 1.0]) == (1.0, 1.0) and median_interval([1.0]) is None
 
 
 def test_s2transformer_deep_copy_shares_only_the_registered_kernel():

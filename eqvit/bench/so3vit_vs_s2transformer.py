@@ -10,7 +10,8 @@ plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"
   so that machine noise hits all of them alike. Models that
   are slow here (the S2Transformers on CPU) run in fewer rounds (``--s2-repeats``), spread evenly
   over the whole sequence. Ratios are reported as ratios of medians and as the median of the
-  per-round ratios.
+  per-round ratios, with a 90% bootstrap interval of the latter (``*_paired_ci90``): how far the figure
+  can move between runs on a noisy machine.
 * The no-overhead limit: a bare stack of timm ``Block(width, heads)`` of the candidate's depth on
   the candidate's tokens (``timm_blocks:DxW,Hh,Nt``), timed with the others. SO3ViT's forward over
   it is everything SO3ViT adds to plain attention blocks (latitude encoding, lifting, SO(3)-RoPE,
@@ -48,6 +49,7 @@ import gc
 import json
 import os
 import platform
+import random
 import re
 import resource
 import statistics
@@ -303,13 +305,26 @@ def paired_ratios(a: list[dict[str, float]], b: list[dict[str, float]]) -> list[
     return [t["ms"] / b_by_round[t["round"]] for t in a if t["round"] in b_by_round]
 
 
-def _ratio(raw: dict[str, list[dict[str, float]]], a: str | None, b: str | None) -> tuple[float, float] | None:
-    """(ratio of medians, median of per-round ratios) of ``a`` over ``b``."""
+def median_interval(values: list[float], level: float = 0.9, resamples: int = 2000) -> tuple[float, float] | None:
+    """A bootstrap interval of the median of ``values`` (percentile method, seeded: the same runs give the
+    same interval). How far a per-round median can move on a noisy machine, next to the target it is held to."""
+    if len(values) < 2:
+        return None
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1.0 - level) / 2
+    return medians[int(tail * resamples)], medians[min(int((1.0 - tail) * resamples), resamples - 1)]
+
+
+def _ratio(
+    raw: dict[str, list[dict[str, float]]], a: str | None, b: str | None
+) -> tuple[float, float | None, tuple[float, float] | None] | None:
+    """(ratio of medians, median of per-round ratios, its 90% bootstrap interval) of ``a`` over ``b``."""
     if a is None or b is None:
         return None
     med = statistics.median(t["ms"] for t in raw[a]) / statistics.median(t["ms"] for t in raw[b])
     paired = paired_ratios(raw[a], raw[b])
-    return med, (statistics.median(paired) if paired else None)
+    return med, (statistics.median(paired) if paired else None), median_interval(paired)
 
 
 def ratios(
@@ -329,7 +344,7 @@ def ratios(
     }.items():
         r = _ratio(raw, a, b)
         if r is not None:
-            out[key], out[f"{key}_paired_median"] = r
+            out[key], out[f"{key}_paired_median"], out[f"{key}_paired_ci90"] = r
     return out
 
 
@@ -645,7 +660,9 @@ def print_report(result: dict[str, Any]) -> None:
             ("fused_rope_overhead", f"{head.get('fused')} over none"),
         ):
             if key in h:
-                parts.append(f"{label} {fmt_ratio(h[key])} (paired {fmt_ratio(h.get(key + '_paired_median'))})")
+                ci = h.get(key + "_paired_ci90")
+                within = f", 90% interval {ci[0]:.3f}-{ci[1]:.3f}" if ci else ""
+                parts.append(f"{label} {fmt_ratio(h[key])} (paired {fmt_ratio(h.get(key + '_paired_median'))}{within})")
         print(f"batch {b}: " + "; ".join(parts))
     for b, stages in result.get("profile", {}).items():
         print(
