@@ -25,7 +25,7 @@ from pathlib import Path
 
 from eqvit.utils import cache_dir
 
-__all__ = ["KernelUnavailable", "kernels_enabled", "load"]
+__all__ = ["CompiledKernel", "KernelUnavailable", "kernels_enabled", "load"]
 
 SOURCE_DIR = Path(__file__).parent
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
@@ -125,3 +125,38 @@ def load(name: str, *, warn: bool = True) -> ctypes.CDLL | None:
 def _warn_once(name: str, reason: str) -> None:
     message = f"eqvit kernel {name!r} unavailable, keeping the PyTorch form: {reason}"
     warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class CompiledKernel:
+    """Base of a compiled kernel's Python binding (:mod:`eqvit.kernels.so3`, :mod:`eqvit.kernels.icosphere`).
+
+    A subclass names its source (``library``: ``eqvit/kernels/{library}.cpp``) and binds the library's
+    functions in ``__init__(lib)``. One binding exists per loaded library and every fused model shares it:
+    a deep copy keeps it, and a pickle loads (or builds) it again where it is unpickled.
+    """
+
+    library: str
+
+    @classmethod
+    def load(cls, *, warn: bool = True):
+        """The binding, or None where the library cannot be built (see :func:`load`)."""
+        lib = load(cls.library, warn=warn)
+        return None if lib is None else _binding(cls, lib)
+
+    def __deepcopy__(self, memo: dict) -> CompiledKernel:
+        return self
+
+    def __reduce__(self) -> tuple:
+        return (_load_or_raise, (type(self),))
+
+
+@functools.cache
+def _binding(cls: type[CompiledKernel], lib: ctypes.CDLL) -> CompiledKernel:
+    return cls(lib)
+
+
+def _load_or_raise(cls: type[CompiledKernel]) -> CompiledKernel:
+    kernel = cls.load()
+    if kernel is None:
+        raise KernelUnavailable(f"this model was fused with the kernel {cls.library!r}, which cannot be built here")
+    return kernel

@@ -7,12 +7,11 @@ this module binds the compiled loops around the two matrix products that remain,
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable
 
 import torch
 
-from eqvit.kernels import KernelUnavailable, load
+from eqvit.kernels import CompiledKernel
 
 __all__ = ["IcosphereC3Kernel", "outside_kernels"]
 
@@ -32,13 +31,14 @@ def outside_kernels(x: torch.Tensor) -> bool:
     return x.requires_grad or torch.is_autocast_enabled("cpu")
 
 
-class IcosphereC3Kernel:
+class IcosphereC3Kernel(CompiledKernel):
     """The compiled passes, bound once; ``None`` from :meth:`load` where they cannot be built.
 
     :meth:`bind_lift` and :meth:`bind_unpatchify` check a layout and the factored weights once and return
     the forward for inputs of that layout (the caller keeps it per layout).
     """
 
+    library = "icosphere_c3"
     dtypes = (torch.float32, torch.float64)
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -50,19 +50,6 @@ class IcosphereC3Kernel:
                 fn = getattr(lib, f"eqvit_c3_{name}_{suffix}")
                 fn.argtypes, fn.restype = argtypes, None
                 self._fns[name, dtype] = fn
-
-    @classmethod
-    def load(cls, *, warn: bool = True) -> IcosphereC3Kernel | None:
-        """The kernel, or None where it cannot be built (see :func:`eqvit.kernels.load`)."""
-        lib = load("icosphere_c3", warn=warn)
-        return None if lib is None else _bind(lib)
-
-    # A loaded library is shared, never copied (as :class:`eqvit.kernels.so3.SO3RotationKernel`).
-    def __deepcopy__(self, memo: dict) -> IcosphereC3Kernel:
-        return self
-
-    def __reduce__(self) -> tuple:
-        return (_load_or_raise, ())
 
     def supports(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether the passes can run on ``x`` with factored weights like ``weight`` (else the dense form)."""
@@ -203,15 +190,3 @@ def _check_scatter_plan(plan: dict[str, torch.Tensor], M: int, OC: int, V: int) 
     if not ok:
         raise ValueError(f"the scatter plan does not fit {M} patches of {OC} orbit values onto {V} vertices")
     return C
-
-
-@functools.cache
-def _bind(lib: ctypes.CDLL) -> IcosphereC3Kernel:
-    return IcosphereC3Kernel(lib)
-
-
-def _load_or_raise() -> IcosphereC3Kernel:
-    kernel = IcosphereC3Kernel.load()
-    if kernel is None:
-        raise KernelUnavailable("this model was fused with the icosphere C3 kernel, which cannot be built here")
-    return kernel

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable
 
 import torch
 
-from eqvit.kernels import KernelUnavailable, load
+from eqvit.kernels import CompiledKernel
 
 __all__ = ["SO3RotationKernel", "pack_wigner_blocks"]
 
@@ -26,7 +25,7 @@ def pack_wigner_blocks(pi: torch.Tensor, max_order: int) -> torch.Tensor:
     return torch.cat(blocks, dim=1).contiguous() if blocks else pi.new_zeros(pi.shape[0], 0)
 
 
-class SO3RotationKernel:
+class SO3RotationKernel(CompiledKernel):
     """The compiled rotation, bound once; ``None`` from :meth:`load` where it cannot be built.
 
     ``rotate_(rows, blocks, L)``: in place on ``rows [B, N, R, >= (L+1)^2]`` (channel stride 1, CPU,
@@ -34,6 +33,7 @@ class SO3RotationKernel:
     channels ``l^2 .. l^2 + 2l`` are multiplied by its token's D^l, for l = 1..L.
     """
 
+    library = "so3_rotate"
     dtypes = (torch.float32, torch.float64)
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -43,20 +43,6 @@ class SO3RotationKernel:
         for fn in self._fns.values():
             fn.argtypes = [_PTR, _LONG, _LONG, _LONG, _LONG, _LONG, _LONG, _PTR, _LONG, ctypes.c_int]
             fn.restype = None
-
-    @classmethod
-    def load(cls, *, warn: bool = True) -> SO3RotationKernel | None:
-        """The kernel, or None where it cannot be built (see :func:`eqvit.kernels.load`)."""
-        lib = load("so3_rotate", warn=warn)
-        return None if lib is None else _bind(lib)
-
-    # A loaded library is shared, never copied: a deep copy of a fused model shares it, and a pickled
-    # one loads (or builds) it again where it is unpickled.
-    def __deepcopy__(self, memo: dict) -> SO3RotationKernel:
-        return self
-
-    def __reduce__(self) -> tuple:
-        return (_load_or_raise, ())
 
     def supports(self, rows: torch.Tensor, blocks: torch.Tensor) -> bool:
         """Whether :meth:`rotate_` can run on these tensors (else use the PyTorch form)."""
@@ -103,16 +89,3 @@ class SO3RotationKernel:
             fn(data_ptr, B, N, R, sb, sn, sr, blocks.data_ptr(), max_order, torch.get_num_threads())
 
         return rotate
-
-
-@functools.cache
-def _bind(lib: ctypes.CDLL) -> SO3RotationKernel:
-    """One binding per loaded library: every fused model shares it."""
-    return SO3RotationKernel(lib)
-
-
-def _load_or_raise() -> SO3RotationKernel:
-    kernel = SO3RotationKernel.load()
-    if kernel is None:
-        raise KernelUnavailable("this model was fused with the SO(3) rotation kernel, which cannot be built here")
-    return kernel
