@@ -155,3 +155,16 @@ def test_fuse_factors_so3vit_tokenizer_and_head_and_keeps_it_exact():
     x = model.domain.random_input(2, model.in_chans)
     with torch.no_grad():
         assert (fused(x) - model(x)).abs().max() <= 1e-12 * model(x).abs().max()
+
+
+@needs_kernel
+def test_binding_refuses_inputs_and_factors_of_the_wrong_shape():
+    orbit_vertex = torch.zeros(2, 3, 3, dtype=torch.int64)
+    mean_t, bias, turn_t = torch.randn(9, 4), torch.randn(4), torch.randn(18, 8)  # 3 orbits x 3 channels -> 4
+    KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, mean_t, bias, turn_t)
+    with pytest.raises(ValueError, match=r"expected x \[B, C, V\]"):
+        KERNEL.bind_lift(torch.randn(3, 10), orbit_vertex, mean_t, bias, turn_t)
+    with pytest.raises(ValueError, match=r"expected factors mean \[12, 4\]"):  # 4 channels: 12 orbit values
+        KERNEL.bind_lift(torch.randn(1, 4, 10), orbit_vertex, mean_t, bias, turn_t)
+    with pytest.raises(ValueError, match=r"expected factors"):
+        KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, mean_t, bias, turn_t[:, :4].contiguous())

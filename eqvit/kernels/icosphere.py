@@ -74,20 +74,16 @@ class IcosphereC3Kernel(CompiledKernel):
         ``orbit_vertex [M, O, 3]``: the vertices of each patch's tap orbits (member r of orbit o);
         ``mean_weight_t [O C, D]``, ``mean_bias [D]`` and ``turn_weight_t [2 O C, 2 D]``: the factors.
         """
+        if x.ndim != 3 or orbit_vertex.ndim != 3 or orbit_vertex.shape[2] != 3:
+            raise ValueError(
+                f"expected x [B, C, V] and orbit vertices [M, O, 3]; got x {list(x.shape)}, "
+                f"orbit vertices {list(orbit_vertex.shape)}"
+            )
         B, C, V = x.shape
         M, O, _ = orbit_vertex.shape
         OC, D = O * C, mean_weight_t.shape[1]
         self._check(x, mean_weight_t, mean_bias, turn_weight_t)
-        if x.ndim != 3 or orbit_vertex.shape[2:] != (3,) or mean_weight_t.shape != (OC, D):
-            raise ValueError(
-                f"expected x [B, C, V], orbit vertices [M, O, 3] and mean weights [O C, D]; got x {list(x.shape)}, "
-                f"orbit vertices {list(orbit_vertex.shape)}, mean weights {list(mean_weight_t.shape)}"
-            )
-        if turn_weight_t.shape != (2 * OC, 2 * D) or mean_bias.shape != (D,):
-            raise ValueError(
-                f"expected turn weights [{2 * OC}, {2 * D}] and a bias [{D}]; got {list(turn_weight_t.shape)}, "
-                f"{list(mean_bias.shape)}"
-            )
+        _check_factors(mean_weight_t, mean_bias, turn_weight_t, (OC, D))
         _check_index(orbit_vertex, V, "orbit vertex")
         sxb, sxc, sxv = x.stride()
         features, tokens = self._fns["lift_features", x.dtype], self._fns["tokens", x.dtype]
@@ -124,16 +120,12 @@ class IcosphereC3Kernel(CompiledKernel):
         M, V = N // 3, inv_count.shape[0]
         OC = mean_weight_t.shape[1]
         self._check(tokens, mean_weight_t, mean_bias, turn_weight_t, inv_count)
-        if not tokens.is_contiguous() or N % 3 or mean_weight_t.shape[0] != D:
+        if not tokens.is_contiguous() or N % 3:
             raise ValueError(
-                f"expected contiguous tokens [B, 3 M, D] and mean weights [D, O C]; got tokens {list(tokens.shape)} "
-                f"(contiguous: {tokens.is_contiguous()}), mean weights {list(mean_weight_t.shape)}"
+                f"expected contiguous tokens [B, 3 M, D]; got tokens {list(tokens.shape)} "
+                f"(contiguous: {tokens.is_contiguous()})"
             )
-        if turn_weight_t.shape != (2 * D, 2 * OC) or mean_bias.shape != (OC,):
-            raise ValueError(
-                f"expected turn weights [{2 * D}, {2 * OC}] and a bias [{OC}]; got {list(turn_weight_t.shape)}, "
-                f"{list(mean_bias.shape)}"
-            )
+        _check_factors(mean_weight_t, mean_bias, turn_weight_t, (D, OC))
         C = _check_scatter_plan(scatter_plan, M, OC, V)
         if C > self.max_channels:
             raise ValueError(f"the kernel scatters at most {self.max_channels} channels, got {C}")
@@ -163,6 +155,16 @@ class IcosphereC3Kernel(CompiledKernel):
                 f"weights of its dtype; got {list(x.shape)} {x.dtype} on {x.device} "
                 f"(requires_grad={x.requires_grad}), weights {[(w.dtype, w.device.type) for w in weights]}"
             )
+
+
+def _check_factors(mean_t: torch.Tensor, bias: torch.Tensor, turn_t: torch.Tensor, shape: tuple[int, int]) -> None:
+    """The factors of a map from K to A values per orbit: ``mean_t [K, A]``, ``bias [A]``, ``turn_t [2K, 2A]``."""
+    K, A = shape
+    if mean_t.shape != (K, A) or bias.shape != (A,) or turn_t.shape != (2 * K, 2 * A):
+        raise ValueError(
+            f"expected factors mean [{K}, {A}], bias [{A}] and turn [{2 * K}, {2 * A}]; got "
+            f"{list(mean_t.shape)}, {list(bias.shape)} and {list(turn_t.shape)}"
+        )
 
 
 def _check_index(index: torch.Tensor, bound: int, what: str) -> None:
