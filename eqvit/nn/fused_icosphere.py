@@ -18,6 +18,8 @@ gradients, bf16) the modules keep the dense turned kernels of their base classes
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -89,7 +91,24 @@ def c3_dense(mean: torch.Tensor, turning: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack(row) for row in blocks])
 
 
-class C3IcosphereLift(KeptKernelCalls, FrozenIcosphereLift):
+class _FactoredForward(KeptKernelCalls):
+    """The forward of both factored forms: the call kept for the input's layout; else the one the subclass's
+    ``bind(x)`` checks and returns (None where the passes cannot run), kept; else the base's dense form."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if outside_kernels(x):
+            return super().forward(x)
+        layout = layout_of(x)
+        call = self.kept_call(layout)
+        if call is None:
+            call = self.bind(x)
+            if call is None:
+                return super().forward(x)
+            self.keep_call(layout, call)
+        return call(x)
+
+
+class C3IcosphereLift(_FactoredForward, FrozenIcosphereLift):
     """:class:`FrozenIcosphereLift` factored over the turns, on the compiled passes where they run:
     ``x [B, C, V] -> tokens [B, 3M, D]``."""
 
@@ -111,20 +130,13 @@ class C3IcosphereLift(KeptKernelCalls, FrozenIcosphereLift):
         self.kernel = kernel
         self.to(device=weight.device, dtype=weight.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, C, V] -> tokens [B, 3M, D]``."""
-        kept = None if outside_kernels(x) else self.kept_call(layout_of(x))
-        return kept(x) if kept is not None else self._lift_and_keep(x)
-
-    def _lift_and_keep(self, x: torch.Tensor) -> torch.Tensor:
+    def bind(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if not self.kernel.supports(x, self.mean_weight_t):
-            return super().forward(x)
-        lift = self.kernel.bind_lift(x, self.orbit_vertex, self.mean_weight_t, self.mean_bias, self.turn_weight_t)
-        self.keep_call(layout_of(x), lift)
-        return lift(x)
+            return None
+        return self.kernel.bind_lift(x, self.orbit_vertex, self.mean_weight_t, self.mean_bias, self.turn_weight_t)
 
 
-class C3IcosphereUnpatchify(KeptKernelCalls, FrozenIcosphereUnpatchify):
+class C3IcosphereUnpatchify(_FactoredForward, FrozenIcosphereUnpatchify):
     """:class:`FrozenIcosphereUnpatchify` factored over the turns, on the compiled passes where they run:
     ``tokens [B, 3M, D] -> [B, C_out, V]``."""
 
@@ -150,20 +162,13 @@ class C3IcosphereUnpatchify(KeptKernelCalls, FrozenIcosphereUnpatchify):
         self.kernel = kernel
         self.to(device=weight.device, dtype=weight.dtype)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens [B, 3M, D] -> [B, C_out, V]``."""
-        kept = None if outside_kernels(tokens) else self.kept_call(layout_of(tokens))
-        return kept(tokens) if kept is not None else self._unpatchify_and_keep(tokens)
-
-    def _unpatchify_and_keep(self, tokens: torch.Tensor) -> torch.Tensor:
+    def bind(self, tokens: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if not (self.kernel.supports(tokens, self.mean_weight_t) and tokens.is_contiguous()):
-            return super().forward(tokens)
+            return None
         plan = {name: getattr(self, f"scatter_{name}") for name in ("vertex", "ptr", "zoff", "uoff", "turn")}
-        unpatchify = self.kernel.bind_unpatchify(
+        return self.kernel.bind_unpatchify(
             tokens, plan, self.mean_weight_t, self.mean_bias, self.turn_weight_t, self.inv_count
         )
-        self.keep_call(layout_of(tokens), unpatchify)
-        return unpatchify(tokens)
 
 
 def _scatter_plan(orbit_vertex: torch.Tensor, channels: int, V: int) -> dict[str, torch.Tensor]:
