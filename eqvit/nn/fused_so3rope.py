@@ -39,24 +39,23 @@ class KernelSO3RoPE(KeptKernelCalls, SO3RoPE):
 
     def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         """In place on ``qk [B, N, 2, H, D]``, as :meth:`SO3RoPE.rotate_qk_stacked_`."""
-        kept = None if qk.requires_grad else self.kept_call(layout_of(qk, num_prefix_tokens))
+        layout = layout_of(qk, num_prefix_tokens)
+        kept = None if qk.requires_grad else self.kept_call(layout)
         if kept is None:
-            return self._rotate_and_keep(qk, num_prefix_tokens)
+            return self._rotate_and_keep(qk, num_prefix_tokens, layout)
         rotate, offset = kept
         rotate(qk.data_ptr() + offset)
         return qk
 
-    def _rotate_and_keep(self, qk: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-        """The checked path of :class:`SO3RoPE`; where it ran the kernel, the call is kept for this layout."""
-        super().rotate_qk_stacked_(qk, num_prefix_tokens)
+    def _rotate_and_keep(self, qk: torch.Tensor, num_prefix_tokens: int, layout: tuple) -> torch.Tensor:
+        """:class:`SO3RoPE`'s checks, then the kernel (its call kept for ``layout``) or, outside the kernel's
+        domain, the matmul."""
+        self._check_fixed(qk, num_prefix_tokens, token_axis=1)
         rows = self._rows(qk, num_prefix_tokens)
-        if self.kernel.supports(rows, self.wigner_blocks):
-            rotate = self.kernel.bind(rows, self.wigner_blocks, self.max_order)
-            self.keep_call(layout_of(qk, num_prefix_tokens), (rotate, rows.data_ptr() - qk.data_ptr()))
+        if not self.kernel.supports(rows, self.wigner_blocks):
+            self._rotate_rows_(rows)
+            return qk
+        rotate = self.kernel.bind(rows, self.wigner_blocks, self.max_order)
+        self.keep_call(layout, (rotate, rows.data_ptr() - qk.data_ptr()))
+        rotate(rows.data_ptr())
         return qk
-
-    def _rotate_rows_(self, rows: torch.Tensor) -> None:
-        if self.kernel.supports(rows, self.wigner_blocks):
-            self.kernel.rotate_(rows, self.wigner_blocks, self.max_order)
-        else:
-            super()._rotate_rows_(rows)
