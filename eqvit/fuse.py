@@ -20,7 +20,8 @@ take maps from the unfused model.
 SO(3)-RoPE with fixed poses (SO3ViT) rotates queries and keys on a compiled CPU kernel where one builds
 (:mod:`eqvit.nn.fused_so3rope`, :mod:`eqvit.kernels`); elsewhere its matmul form is kept. The icosphere
 lifting and unpatchify are factored over a patch's 120-degree turns there (:mod:`eqvit.nn.fused_icosphere`:
-5/9 of the dense products' multiply-adds).
+four real products, one of them on the orbit means and three for the complex turning block by Gauss's
+trick, 4/9 of the dense products' multiply-adds).
 
 Each layer type has one fuser (:func:`register_fuser`); a module without one is kept and its
 children are fused.

@@ -12,7 +12,15 @@ import torch
 import eqvit
 from eqvit.kernels.icosphere import IcosphereC3Kernel
 from eqvit.nn.fused import FrozenIcosphereLift, FrozenIcosphereUnpatchify
-from eqvit.nn.fused_icosphere import C3IcosphereLift, C3IcosphereUnpatchify, c3_dense, c3_factors, tap_orbits
+from eqvit.nn.fused_icosphere import (
+    HALF_ROOT3,
+    C3IcosphereLift,
+    C3IcosphereUnpatchify,
+    c3_dense,
+    c3_factors,
+    c3_planes,
+    tap_orbits,
+)
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify, icosphere_lifting
 
 KERNEL = IcosphereC3Kernel.load(warn=False)
@@ -53,6 +61,26 @@ def test_factors_over_the_turns_rebuild_the_blocks_and_refuse_others():
     assert torch.allclose(torch.stack([z + u, z + v, z - u - v]), dense, atol=1e-13)
     with pytest.raises(ValueError, match="sum alike"):
         c3_factors(torch.randn(3, 3, 4, 5, dtype=torch.float64))
+
+
+def test_four_real_products_compute_the_turned_blocks_and_refuse_what_does_not_commute_with_the_turn():
+    """Gauss's three products for the complex turning block, plus the mean's, rebuild the dense map."""
+    blocks = _turned_blocks(4, 5)
+    planes = c3_planes(*c3_factors(blocks))
+    assert planes.shape == (4, 4, 5)
+    x = torch.randn(3, 5, dtype=torch.float64)
+    a, b = x[0] - (x[1] + x[2]) / 2, HALF_ROOT3 * (x[1] - x[2])
+    y = planes @ torch.stack([x.sum(0), a, b, a - b]).unsqueeze(-1)  # [4, 4, 1]
+    z, u, w = y[0, :, 0], (y[1] + y[2])[:, 0], HALF_ROOT3 * (y[3] - y[1] + y[2])[:, 0]
+    dense = torch.einsum("trak,rk->ta", blocks, x)
+    assert torch.allclose(torch.stack([z + u, z - u / 2 + w, z - u / 2 - w]), dense, atol=1e-13)
+    mean, turning = c3_factors(blocks)
+    broken = turning.clone()
+    broken[4, 0] += 1e-3  # a v row that no longer follows the u rows: the block stops commuting with the turn
+    with pytest.raises(ValueError, match="does not commute"):
+        c3_planes(mean, broken)
+    with pytest.raises(ValueError, match="expected a mean block"):
+        c3_planes(mean, turning[:, :6])
 
 
 def _pair(cls_frozen, cls_c3, module):
@@ -130,7 +158,7 @@ def test_kept_calls_are_checked_per_layout_and_follow_the_module():
     assert not copied._kept and copied.kernel is KERNEL
     assert not pickle.loads(pickle.dumps(cast))._kept
     with torch.no_grad():  # a factor edited in place is what the kept call computes with
-        cast.mean_bias.add_(1.0)
+        cast.orbit_bias.add_(1.0)
     # every patch tap gets 1 more, summed over the three tokens: each vertex's average moves by 1/3
     assert torch.allclose(cast(tokens), head.double()(tokens) + 1 / 3, atol=1e-12)
 
@@ -140,7 +168,7 @@ def test_a_corrupt_scatter_plan_is_refused_where_it_is_bound():
     head = IcosphereUnpatchify(8, 3, INPUT_LEVEL, PATCH_LEVEL)
     unpatchify = C3IcosphereUnpatchify(head, KERNEL)
     with torch.no_grad():
-        unpatchify.scatter_zoff[5] = 10**6  # would read far outside the orbit values
+        unpatchify.scatter_row[5] = 10**6  # would read far outside the orbit values
     with pytest.raises(ValueError, match="scatter plan does not fit"):
         unpatchify(torch.randn(1, 240, 8))
 
@@ -160,11 +188,11 @@ def test_fuse_factors_so3vit_tokenizer_and_head_and_keeps_it_exact():
 @needs_kernel
 def test_binding_refuses_inputs_and_factors_of_the_wrong_shape():
     orbit_vertex = torch.zeros(2, 3, 3, dtype=torch.int64)
-    mean_t, bias, turn_t = torch.randn(9, 4), torch.randn(4), torch.randn(18, 8)  # 3 orbits x 3 channels -> 4
-    KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, mean_t, bias, turn_t)
+    planes_t, bias = torch.randn(4, 9, 4), torch.randn(4)  # 3 orbits x 3 channels -> 4
+    KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, planes_t, bias)
     with pytest.raises(ValueError, match=r"expected x \[B, C, V\]"):
-        KERNEL.bind_lift(torch.randn(3, 10), orbit_vertex, mean_t, bias, turn_t)
-    with pytest.raises(ValueError, match=r"expected factors mean \[12, 4\]"):  # 4 channels: 12 orbit values
-        KERNEL.bind_lift(torch.randn(1, 4, 10), orbit_vertex, mean_t, bias, turn_t)
-    with pytest.raises(ValueError, match=r"expected factors"):
-        KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, mean_t, bias, turn_t[:, :4].contiguous())
+        KERNEL.bind_lift(torch.randn(3, 10), orbit_vertex, planes_t, bias)
+    with pytest.raises(ValueError, match=r"expected weight planes \[4, 12, 4\]"):  # 4 channels: 12 orbit values
+        KERNEL.bind_lift(torch.randn(1, 4, 10), orbit_vertex, planes_t, bias)
+    with pytest.raises(ValueError, match=r"expected weight planes"):
+        KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, planes_t[:3].contiguous(), bias)
