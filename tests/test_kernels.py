@@ -15,7 +15,7 @@ import eqvit
 from eqvit import kernels, models
 from eqvit.groups import get_group
 from eqvit.groups.so3 import wigner_D_blocks
-from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks
+from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks, turned_wigner_blocks
 from eqvit.nn.fused import FrozenIcosphereLift, FrozenIcosphereUnpatchify
 from eqvit.nn.fused_so3rope import KernelSO3RoPE
 from eqvit.nn.posenc import SO3RoPE
@@ -28,6 +28,44 @@ needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C++ compiler builds
 def random_poses(n: int, seed: int = 0) -> torch.Tensor:
     q, _ = torch.linalg.qr(torch.randn(n, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))
     return q * torch.linalg.det(q).sign()[:, None, None]  # proper rotations
+
+
+def z_turn(angle: torch.Tensor) -> torch.Tensor:
+    c, s = torch.cos(angle), torch.sin(angle)
+    zero, one = torch.zeros_like(angle), torch.ones_like(angle)
+    return torch.stack(
+        [torch.stack([c, -s, zero], -1), torch.stack([s, c, zero], -1), torch.stack([zero, zero, one], -1)], -2
+    )
+
+
+def turned_poses(groups: int, size: int = 3, seed: int = 0) -> torch.Tensor:
+    """Poses in groups of ``size`` that differ by turns about their own z-axis, like the icosphere's
+    three tokens per patch: ``pose[g size + s] = base[g] Rz(t)``."""
+    base = random_poses(groups, seed).repeat_interleave(size, dim=0)
+    angles = torch.rand(groups * size, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 6.0
+    return base @ z_turn(angles)
+
+
+def test_turned_wigner_blocks_share_one_set_per_group_and_rebuild_every_token():
+    L = 3
+    pi = wigner_D_blocks(L, turned_poses(4))
+    blocks, turns = turned_wigner_blocks(pi, L)
+    assert blocks.shape == (4, 9 + 25 + 49) and turns.shape == (12, 2 * L)
+    assert torch.equal(blocks, pack_wigner_blocks(pi[::3], L))
+    # token n's matrix is its group's turned by (cos m t, sin m t) on channels (-m, +m) of every order
+    cos, sin = turns.view(12, L, 2).unbind(-1)
+    for l in range(1, L + 1):
+        c = l * l + l
+        turn = torch.eye(2 * l + 1, dtype=torch.float64).repeat(12, 1, 1)
+        for m in range(1, l + 1):
+            turn[:, l - m, l - m] = turn[:, l + m, l + m] = cos[:, m - 1]
+            turn[:, l - m, l + m], turn[:, l + m, l - m] = -sin[:, m - 1], sin[:, m - 1]
+        group = pi[::3, c - l : c + l + 1, c - l : c + l + 1].repeat_interleave(3, dim=0)
+        assert (group @ turn - pi[:, c - l : c + l + 1, c - l : c + l + 1]).abs().max() < 1e-12
+    assert turned_wigner_blocks(wigner_D_blocks(L, random_poses(12)), L) is None  # no shared axes
+    uneven = torch.cat([turned_poses(2), turned_poses(1, size=2, seed=1)])  # groups of 3, 3 and 2
+    assert turned_wigner_blocks(wigner_D_blocks(L, uneven), L) is None
+    assert turned_wigner_blocks(pi[:, :1, :1], 0) is None  # L = 0: nothing turns
 
 
 def test_pack_wigner_blocks_keeps_orders_1_to_L_row_major():
@@ -53,11 +91,14 @@ def test_pack_wigner_blocks_keeps_orders_1_to_L_row_major():
         (256, 2, 15, 0),  # the largest order the kernel unrolls
     ],
 )
-def test_kernel_rotates_as_the_matmul_does(dtype, head_dim, heads, max_order, prefix):
-    N, B = 7, 3
-    rope = SO3RoPE(head_dim, poses=random_poses(N), max_order=max_order).to(dtype)
+@pytest.mark.parametrize("turned", [False, True])
+def test_kernel_rotates_as_the_matmul_does(dtype, head_dim, heads, max_order, prefix, turned):
+    N, B = 9, 3
+    poses = turned_poses(3) if turned else random_poses(N)
+    rope = SO3RoPE(head_dim, poses=poses, max_order=max_order).to(dtype)
     fused = KernelSO3RoPE(rope, KERNEL)
     assert fused.wigner_blocks.dtype == dtype
+    assert fused.group == (3 if turned and rope.max_order > 0 else 1)  # the turned form where poses share axes
     qkv = torch.randn(B, N + prefix, 3, heads, head_dim, dtype=torch.float64).to(dtype)
     expected, got = qkv.clone(), qkv.clone()
     rope.rotate_qk_stacked_(expected[:, :, :2], prefix)
@@ -110,9 +151,9 @@ def test_kept_kernel_calls_follow_the_module_tensors():
     fused = KernelSO3RoPE(rope, KERNEL)
     qk = torch.randn(1, 7, 2, 4, 32, dtype=torch.float64)
     fused.rotate_qk_stacked_(qk.clone())  # binds this layout
-    identity = SO3RoPE(32, poses=torch.eye(3, dtype=torch.float64).expand(7, 3, 3)).double()
-    fused.wigner_blocks = KernelSO3RoPE(identity, KERNEL).wigner_blocks
-    assert torch.allclose(fused.rotate_qk_stacked_(qk.clone()), qk, atol=1e-12)  # the identity now
+    other = SO3RoPE(32, poses=random_poses(7, seed=5)).double()
+    fused.wigner_blocks = KernelSO3RoPE(other, KERNEL).wigner_blocks
+    assert fused.rotate_qk_stacked_(qk.clone()).sub(other.rotate_qk_stacked_(qk.clone())).abs().max() <= 1e-12
     fused.wigner_blocks = KernelSO3RoPE(rope, KERNEL).wigner_blocks
     expected = rope.rotate_qk_stacked_(qk.clone())
     assert fused.rotate_qk_stacked_(qk.clone()).sub(expected).abs().max() <= 1e-12

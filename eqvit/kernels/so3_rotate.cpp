@@ -7,6 +7,12 @@
 // W rows at once with the rows in the vector lanes (the heads of a token share its matrix): a tile
 // of W rows is loaded as vectors and transposed in registers, rotated, transposed back and stored.
 //
+// Turned form: where tokens come in groups that share a pose up to a turn about its z-axis (the
+// icosphere's three tokens per patch), pi = pi_group Z(turn), and Z only mixes the channels m and -m of
+// each order with the cosine and sine of m times the turn. The kernel then reads one set of blocks per
+// group and 2L numbers per token: a third of the blocks' memory traffic, which inside a model (where the
+// blocks are not in cache) is most of the rotation's time.
+//
 // Built on first use by eqvit.kernels (c++ -O3 -march=native -fopenmp -shared) and called through
 // ctypes. Tokens are split over OpenMP threads (the libgomp that torch has loaded, when it has).
 
@@ -97,10 +103,27 @@ inline void rotate_orders(const typename Lanes<T, W>::type* in, typename Lanes<T
   }
 }
 
-// W full rows x[r * sr + channel] of one token: whole groups of W moving channels go through
-// transposes, the remaining (< W) channels are gathered lane by lane.
+// A turn about the z-axis, every lane at once: for each order l and 1 <= m <= l, channels (-m, +m) become
+// (c x_{-m} - s x_{+m}, s x_{-m} + c x_{+m}) with c, s = turn[2 (m - 1)], turn[2 m - 1].
 template <typename T, int W>
-void rotate_tile(T* x, long sr, const T* P, long L) {
+inline void turn_orders(typename Lanes<T, W>::type* in, const T* turn, long L) {
+  typedef typename Lanes<T, W>::type V;
+  for (long l = 1; l <= L; ++l) {
+    V* centre = in + l * l + l - 1;  // channel l^2 + l (m = 0), as a moving index
+    for (long m = 1; m <= l; ++m) {
+      const T c = turn[2 * (m - 1)], s = turn[2 * m - 1];
+      const V minus = centre[-m], plus = centre[m];
+      centre[-m] = minus * c - plus * s;
+      centre[m] = minus * s + plus * c;
+    }
+  }
+}
+
+// W full rows x[r * sr + channel] of one token: whole groups of W moving channels go through
+// transposes, the remaining (< W) channels are gathered lane by lane. With a turn (not null) the rows
+// are turned before P rotates them.
+template <typename T, int W>
+void rotate_tile(T* x, long sr, const T* P, const T* turn, long L) {
   typedef typename Lanes<T, W>::type V;
   V in[kMaxMoving], out[kMaxMoving];
   const long moving = (L + 1) * (L + 1) - 1, grouped = moving / W * W;
@@ -112,6 +135,7 @@ void rotate_tile(T* x, long sr, const T* P, long L) {
   for (long c = grouped; c < moving; ++c) {
     for (int r = 0; r < W; ++r) in[c][r] = x1[r * sr + c];
   }
+  if (turn != nullptr) turn_orders<T, W>(in, turn, L);
   rotate_orders<T, W>(in, out, P, L);
   for (long g = 0; g < grouped; g += W) {
     transpose(out + g);
@@ -123,10 +147,11 @@ void rotate_tile(T* x, long sr, const T* P, long L) {
 }
 
 // x: [batch, tokens, rows, >= (L+1)^2] with element strides (sb, sn, sr, 1);
-// blocks: [tokens, sum_{l=1..L} (2l+1)^2], token n's blocks D^1 .. D^L row-major, contiguous.
+// blocks: [tokens / group, sum_{l=1..L} (2l+1)^2], the blocks D^1 .. D^L of token n's group n / group,
+// row-major, contiguous; turns: null (group 1), or [tokens, 2 L], token n's (cos m t, sin m t), m = 1..L.
 template <typename T, int W>
-void rotate(T* x, long batch, long tokens, long rows, long sb, long sn, long sr, const T* blocks, long L,
-            int threads) {
+void rotate(T* x, long batch, long tokens, long rows, long sb, long sn, long sr, const T* blocks, const T* turns,
+            long group, long L, int threads) {
   long per_token = 0;
   for (long l = 1; l <= L; ++l) per_token += (2 * l + 1) * (2 * l + 1);
   const long width = (L + 1) * (L + 1), total = batch * tokens;
@@ -134,13 +159,14 @@ void rotate(T* x, long batch, long tokens, long rows, long sb, long sn, long sr,
   for (long t = 0; t < total; ++t) {
     const long b = t / tokens, n = t % tokens;
     T* token = x + b * sb + n * sn;
-    const T* P = blocks + n * per_token;
+    const T* P = blocks + (n / group) * per_token;
+    const T* turn = turns == nullptr ? nullptr : turns + n * 2 * L;
     long r0 = 0;
-    for (; r0 + W <= rows; r0 += W) rotate_tile<T, W>(token + r0 * sr, sr, P, L);
+    for (; r0 + W <= rows; r0 += W) rotate_tile<T, W>(token + r0 * sr, sr, P, turn, L);
     if (r0 < rows) {  // fewer than W rows left: through a zero-padded tile
       T tile[W * (kMaxMoving + 1)] = {};
       for (long r = r0; r < rows; ++r) std::memcpy(tile + (r - r0) * width, token + r * sr, width * sizeof(T));
-      rotate_tile<T, W>(tile, width, P, L);
+      rotate_tile<T, W>(tile, width, P, turn, L);
       for (long r = r0; r < rows; ++r) std::memcpy(token + r * sr, tile + (r - r0) * width, width * sizeof(T));
     }
   }
@@ -155,11 +181,22 @@ long eqvit_so3_rotate_max_order() { return kMaxOrder; }
 
 void eqvit_so3_rotate_f32(float* x, long batch, long tokens, long rows, long sb, long sn, long sr,
                           const float* blocks, long L, int threads) {
-  rotate<float, 8>(x, batch, tokens, rows, sb, sn, sr, blocks, L, threads);
+  rotate<float, 8>(x, batch, tokens, rows, sb, sn, sr, blocks, nullptr, 1, L, threads);
 }
 
 void eqvit_so3_rotate_f64(double* x, long batch, long tokens, long rows, long sb, long sn, long sr,
                           const double* blocks, long L, int threads) {
-  rotate<double, 4>(x, batch, tokens, rows, sb, sn, sr, blocks, L, threads);
+  rotate<double, 4>(x, batch, tokens, rows, sb, sn, sr, blocks, nullptr, 1, L, threads);
+}
+
+// The turned form: blocks per group of `group` consecutive tokens, turns per token (see rotate).
+void eqvit_so3_rotate_turned_f32(float* x, long batch, long tokens, long rows, long sb, long sn, long sr,
+                                 const float* blocks, const float* turns, long group, long L, int threads) {
+  rotate<float, 8>(x, batch, tokens, rows, sb, sn, sr, blocks, turns, group, L, threads);
+}
+
+void eqvit_so3_rotate_turned_f64(double* x, long batch, long tokens, long rows, long sb, long sn, long sr,
+                                 const double* blocks, const double* turns, long group, long L, int threads) {
+  rotate<double, 4>(x, batch, tokens, rows, sb, sn, sr, blocks, turns, group, L, threads);
 }
 }

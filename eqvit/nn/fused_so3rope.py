@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks
+from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks, turned_wigner_blocks
 from eqvit.nn.kept_calls import KeptKernelCalls, layout_of
 from eqvit.nn.posenc.so3rope import SO3RoPE
 
@@ -24,6 +24,10 @@ class KernelSO3RoPE(KeptKernelCalls, SO3RoPE):
     bf16, gradients through a fused model) takes the matmul of :class:`SO3RoPE`, which computes the
     same rotation. The checks run once per layout of ``qk`` (:mod:`eqvit.nn.kept_calls`): at batch 1 ten
     Python-level checks cost about as much as the 0.09 ms rotation, four times a forward.
+
+    Where the poses come in groups that differ by turns about their z-axis (SO3ViT's three tokens per
+    icosphere patch; :func:`~eqvit.kernels.so3.turned_wigner_blocks`), ``wigner_blocks`` holds one set per
+    group and ``turns`` each token's turn (``group`` > 1): a third of the blocks to read per rotation.
     """
 
     def __init__(self, rope: SO3RoPE, kernel: SO3RotationKernel) -> None:
@@ -33,7 +37,15 @@ class KernelSO3RoPE(KeptKernelCalls, SO3RoPE):
             raise ValueError(f"the kernel rotates orders up to {kernel.max_order}, the scheme has {rope.max_order}")
         pi = rope.exact_buffer("pi")
         super().__init__(rope.head_dim, max_order=rope.max_order, wigner=pi)
-        self.register_exact_buffer("wigner_blocks", pack_wigner_blocks(pi, rope.max_order))
+        turned = turned_wigner_blocks(pi, rope.max_order)
+        if turned is None:
+            self.group, self.turns = 1, None
+            self.register_exact_buffer("wigner_blocks", pack_wigner_blocks(pi, rope.max_order))
+        else:
+            blocks, turns = turned
+            self.group = pi.shape[0] // blocks.shape[0]
+            self.register_exact_buffer("wigner_blocks", blocks)
+            self.register_exact_buffer("turns", turns)
         self.kernel = kernel
         self.to(device=rope.pi.device, dtype=rope.pi.dtype)
 
@@ -55,7 +67,7 @@ class KernelSO3RoPE(KeptKernelCalls, SO3RoPE):
         if not self.kernel.supports(rows, self.wigner_blocks):
             self._rotate_rows_(rows)
             return qk
-        rotate = self.kernel.bind(rows, self.wigner_blocks, self.max_order)
+        rotate = self.kernel.bind(rows, self.wigner_blocks, self.max_order, self.turns)
         self.keep_call(layout, (rotate, rows.data_ptr() - qk.data_ptr()))
         rotate(rows.data_ptr())
         return qk
