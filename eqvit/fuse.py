@@ -21,7 +21,8 @@ SO(3)-RoPE with fixed poses (SO3ViT) rotates queries and keys on a compiled CPU 
 (:mod:`eqvit.nn.fused_so3rope`, :mod:`eqvit.kernels`); elsewhere its matmul form is kept. The icosphere
 lifting and unpatchify are factored over a patch's 120-degree turns there (:mod:`eqvit.nn.fused_icosphere`:
 four real products, one of them on the orbit means and three for the complex turning block by Gauss's
-trick, 4/9 of the dense products' multiply-adds).
+trick, 4/9 of the dense products' multiply-adds), and the final LayerNorm is folded into the unpatchify:
+its ``forward_features`` then returns the tokens before that norm, which ``forward_head`` applies.
 
 Each layer type has one fuser (:func:`register_fuser`); a module without one is kept and its
 children are fused.
@@ -358,10 +359,32 @@ def _fourier_stream(model: nn.Module) -> nn.Module:
     return _fuse_children(model)  # the head's lift
 
 
+# ---------------------------------------------------------------------------------------------------
+# models: SO3ViT's final norm read by its unpatchify
+
+
+def _fold_final_norm_into_unpatchify(model: nn.Module) -> bool:
+    """SO3ViT: the final LayerNorm folded into the factored unpatchify (its affine into the weight planes,
+    the normalisation into the pass that reads the tokens), where the compiled passes build. The model's
+    ``norm`` becomes the identity, so ``forward_features`` returns the tokens before it (as a timm model whose
+    norm sits in its head, ``fc_norm``, does); ``forward_head`` applies it."""
+    head, norm = getattr(model, "head", None), getattr(model, "norm", None)
+    if not (isinstance(head, IcosphereUnpatchify) and type(norm) is nn.LayerNorm):
+        return False
+    kernel = IcosphereC3Kernel.load()
+    if kernel is None or head.out_chans > kernel.max_channels:
+        return False
+    model.head = C3IcosphereUnpatchify(head, kernel, norm=norm)
+    model.norm = nn.Identity()
+    return True
+
+
 @register_fuser(EquivariantViT)
 def _fuse_model(model: nn.Module) -> nn.Module:
     if _fourier_stream_applies(model):
         return _fourier_stream(model)
+    if _fold_final_norm_into_unpatchify(model):
+        return _fuse_children(model)  # the lifting, the rotation, the blocks
     if not _reflected_stream_applies(model):
         return _fuse_children(model)
     norm = model.norm

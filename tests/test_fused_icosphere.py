@@ -121,6 +121,29 @@ def test_factored_unpatchify_computes_the_dense_one(dtype, batch, channels):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_unpatchify_with_the_final_norm_folded_in_computes_norm_then_unpatchify(dtype, batch):
+    """The LayerNorm's affine in the planes and bias, the normalisation in the pass that reads the tokens."""
+    torch.manual_seed(0)
+    head = IcosphereUnpatchify(16, 3, INPUT_LEVEL, PATCH_LEVEL).to(dtype)
+    norm = torch.nn.LayerNorm(16, eps=1e-3).to(dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2.0), norm.bias.normal_()
+    folded = C3IcosphereUnpatchify(head, KERNEL, norm=norm)
+    tokens = 3.0 + 2.0 * torch.randn(batch, 240, 16, dtype=dtype)  # far from normalised: mean and scale count
+    with torch.no_grad():
+        expected, got = FrozenIcosphereUnpatchify(head)(norm(tokens)), folded(tokens)
+    tolerance = 1e-13 if dtype == torch.float64 else 1e-5
+    assert (got - expected).abs().max() <= tolerance * expected.abs().max()
+    assert len(folded._kept) == 1  # the compiled passes ran
+    graded = tokens.clone().requires_grad_(True)  # the dense form applies the norm first
+    assert (folded(graded) - expected).abs().max() <= tolerance * expected.abs().max()
+    with pytest.raises(ValueError, match="LayerNorm over the tokens' 16 channels"):
+        C3IcosphereUnpatchify(head, KERNEL, norm=torch.nn.LayerNorm(8))
+
+
+@needs_kernel
 def test_outside_the_kernels_domain_the_dense_forms_run():
     """Gradients (ctypes writes are invisible to autograd), bf16 and strided tokens take the dense form."""
     embed = IcospherePatchEmbed(3, 8, INPUT_LEVEL, PATCH_LEVEL)
@@ -180,9 +203,13 @@ def test_fuse_factors_so3vit_tokenizer_and_head_and_keeps_it_exact():
     model = randomise_(eqvit.models.create_model("so3vit_tiny")).double().eval()
     fused = eqvit.fuse(model)
     assert isinstance(fused.tokenizer, C3IcosphereLift) and isinstance(fused.head, C3IcosphereUnpatchify)
+    # the final norm is read by the unpatchify: the features are the tokens before it, as with timm's fc_norm
+    assert isinstance(fused.norm, torch.nn.Identity) and fused.head.norm_eps == model.norm.eps
     x = model.domain.random_input(2, model.in_chans)
     with torch.no_grad():
         assert (fused(x) - model(x)).abs().max() <= 1e-12 * model(x).abs().max()
+        assert torch.equal(fused.forward_head(fused.forward_features(x)), fused(x))
+        assert (model.norm(fused.forward_features(x)) - model.forward_features(x)).abs().max() <= 1e-12
 
 
 @needs_kernel

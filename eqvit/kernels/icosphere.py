@@ -20,6 +20,7 @@ _LONG, _INT, _PTR = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
     "lift_features": [_PTR, _LONG, _LONG, _LONG, _LONG, _LONG, _PTR, _LONG, _LONG, _PTR, _INT],
     "token_features": [_PTR, _LONG, _LONG, _LONG, _PTR, _INT],
+    "normed_token_features": [_PTR, _LONG, _LONG, _LONG, ctypes.c_double, _PTR, _INT],
     "tokens": [_PTR, _PTR, _LONG, _LONG, _PTR, _INT],
     "scatter": [_PTR, _PTR, _LONG, _LONG, _LONG, _LONG, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _LONG, _PTR, _INT],
 }
@@ -105,12 +106,14 @@ class IcosphereC3Kernel(CompiledKernel):
         planes: torch.Tensor,
         bias: torch.Tensor,
         inv_count: torch.Tensor,
+        norm_eps: float | None = None,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The unpatchify for tokens laid out like ``tokens [B, 3 M, D]`` (contiguous): ``[B, C, V]``.
 
         ``planes [4, O C, D]``: the four weight planes (rows (o, c)); ``bias [O C]``: the orbit values'
         bias; ``scatter_plan``: ``vertex``, ``ptr``, ``patch``, ``row`` (int32) and ``turn`` (uint8), see
-        ``icosphere_c3.cpp``; ``inv_count [V]``: 1 / (what each vertex receives).
+        ``icosphere_c3.cpp``; ``inv_count [V]``: 1 / (what each vertex receives). With ``norm_eps`` each
+        token is first normalised over its D channels, a LayerNorm whose affine the planes and bias hold.
         """
         B, N, D = tokens.shape
         M, V = N // 3, inv_count.shape[0]
@@ -126,7 +129,15 @@ class IcosphereC3Kernel(CompiledKernel):
         if C > self.max_channels:
             raise ValueError(f"the kernel scatters at most {self.max_channels} channels, got {C}")
         plan = [scatter_plan[key].data_ptr() for key in PLAN_KEYS]
-        features, scatter = self._fns["token_features", tokens.dtype], self._fns["scatter", tokens.dtype]
+        scatter = self._fns["scatter", tokens.dtype]
+        if norm_eps is None:
+            features = self._fns["token_features", tokens.dtype]
+        else:
+            normed = self._fns["normed_token_features", tokens.dtype]
+
+            def features(tokens_ptr: int, R: int, D: int, sr: int, out_ptr: int, threads: int) -> None:
+                normed(tokens_ptr, R, D, sr, norm_eps, out_ptr, threads)
+
         dtype, R = tokens.dtype, B * M
 
         def unpatchify(tokens: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,8 @@
 //
 // Built on first use by eqvit.kernels (c++ -O3 -march=native -fopenmp -shared) and called through ctypes.
 
+#include <cmath>
+
 namespace {
 
 constexpr double kHalfRoot3 = 0.86602540378443864676372317075294;
@@ -51,13 +53,32 @@ void lift_features(const T* __restrict__ x, long B, long C, long sxb, long sxc, 
 }
 
 // A patch's three tokens, rows [R, 3 D] (row stride sr) -> out [4, R, D]: the inputs of the four products.
-template <typename T>
-void token_features(const T* __restrict__ tokens, long R, long D, long sr, T* __restrict__ out, int threads) {
+// Normalize: each token first becomes (t - mean) / sqrt(var + eps) over its D channels (a LayerNorm whose
+// affine the caller has folded into the products' weights).
+template <typename T, bool Normalize>
+void token_features(const T* __restrict__ tokens, long R, long D, long sr, T eps, T* __restrict__ out, int threads) {
   const long plane = R * D;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && R >= 16)
   for (long r = 0; r < R; ++r) {
     const T* __restrict__ t = tokens + r * sr;
-    for (long d = 0; d < D; ++d) turn_inputs(t[d], t[D + d], t[2 * D + d], out, r * D + d, plane);
+    T shift[3] = {0, 0, 0}, scale[3] = {1, 1, 1};
+    if (Normalize) {
+      for (int k = 0; k < 3; ++k) {
+        const T* __restrict__ tk = t + k * D;
+        T sum = 0;
+        for (long d = 0; d < D; ++d) sum += tk[d];
+        const T mean = sum / T(D);
+        T squares = 0;
+        for (long d = 0; d < D; ++d) squares += (tk[d] - mean) * (tk[d] - mean);
+        shift[k] = mean;
+        scale[k] = T(1) / std::sqrt(squares / T(D) + eps);
+      }
+    }
+    for (long d = 0; d < D; ++d) {
+      const T x0 = (t[d] - shift[0]) * scale[0], x1 = (t[D + d] - shift[1]) * scale[1];
+      const T x2 = (t[2 * D + d] - shift[2]) * scale[2];
+      turn_inputs(x0, x1, x2, out, r * D + d, plane);
+    }
   }
 }
 
@@ -167,7 +188,11 @@ long eqvit_c3_max_channels() { return 64; }
     lift_features<T>(x, B, C, sxb, sxc, sxv, orbit_vertex, M, O, out, threads);                                  \
   }                                                                                                              \
   void eqvit_c3_token_features_##S(const T* tokens, long R, long D, long sr, T* out, int threads) {              \
-    token_features<T>(tokens, R, D, sr, out, threads);                                                           \
+    token_features<T, false>(tokens, R, D, sr, T(0), out, threads);                                              \
+  }                                                                                                              \
+  void eqvit_c3_normed_token_features_##S(const T* tokens, long R, long D, long sr, double eps, T* out,          \
+                                          int threads) {                                                         \
+    token_features<T, true>(tokens, R, D, sr, T(eps), out, threads);                                             \
   }                                                                                                              \
   void eqvit_c3_tokens_##S(const T* y, const T* bias, long R, long D, T* out, int threads) {                     \
     tokens_from_turn_basis<T>(y, bias, R, D, out, threads);                                                      \

@@ -21,10 +21,12 @@ the dense turned kernels of their base classes.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import numpy as np
 import torch
+from torch import nn
 
 from eqvit.kernels.icosphere import PLAN_KEYS, IcosphereC3Kernel, outside_kernels
 from eqvit.nn.fused import FrozenIcosphereLift, FrozenIcosphereUnpatchify
@@ -123,19 +125,23 @@ def c3_planes(mean: torch.Tensor, turning: torch.Tensor) -> torch.Tensor:
 
 class _FactoredForward(KeptKernelCalls):
     """The forward of both factored forms: the call kept for the input's layout; else the one the subclass's
-    ``bind(x)`` checks and returns (None where the passes cannot run), kept; else the base's dense form."""
+    ``bind(x)`` checks and returns (None where the passes cannot run), kept; else :meth:`dense_forward`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if outside_kernels(x):
-            return super().forward(x)
+            return self.dense_forward(x)
         layout = layout_of(x)
         call = self.kept_call(layout)
         if call is None:
             call = self.bind(x)
             if call is None:
-                return super().forward(x)
+                return self.dense_forward(x)
             self.keep_call(layout, call)
         return call(x)
+
+    def dense_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The base class's dense form, where the passes cannot run."""
+        return super().forward(x)
 
 
 class C3IcosphereLift(_FactoredForward, FrozenIcosphereLift):
@@ -167,9 +173,14 @@ class C3IcosphereLift(_FactoredForward, FrozenIcosphereLift):
 
 class C3IcosphereUnpatchify(_FactoredForward, FrozenIcosphereUnpatchify):
     """:class:`FrozenIcosphereUnpatchify` factored over the turns, on the compiled passes where they run:
-    ``tokens [B, 3M, D] -> [B, C_out, V]``."""
+    ``tokens [B, 3M, D] -> [B, C_out, V]``.
 
-    def __init__(self, head: IcosphereUnpatchify, kernel: IcosphereC3Kernel) -> None:
+    With ``norm`` (the model's final LayerNorm) it reads the tokens before that norm: its affine is folded
+    into the weight planes and the bias, and the pass that reads the tokens normalises each of them; the
+    dense form applies ``norm`` first.
+    """
+
+    def __init__(self, head: IcosphereUnpatchify, kernel: IcosphereC3Kernel, norm: nn.LayerNorm | None = None) -> None:
         super().__init__(head)
         orbits = tap_orbits(head.lifting.orientation_taps)
         face_index = torch.from_numpy(head.lifting.face_index.copy())  # [M, P]
@@ -183,18 +194,38 @@ class C3IcosphereUnpatchify(_FactoredForward, FrozenIcosphereUnpatchify):
         expected = orbit_bias[:, torch.argsort(orbits.reshape(-1)) // 3]  # [C, P], tap q's orbit
         if not torch.allclose(bias.detach().to(torch.float64).view(C, P), expected, rtol=1e-5, atol=1e-6):
             raise ValueError("the summed bias of an unpatchify is not its orbit's: the taps' turns are not C3")
+        orbit_bias = orbit_bias.t().reshape(O * C)
+        self.norm_eps, self.norm = None, nn.Identity()
+        if norm is not None:
+            planes, orbit_bias = _fold_layer_norm(norm, planes, orbit_bias)
+            self.norm_eps, self.norm = float(norm.eps), copy.deepcopy(norm).requires_grad_(False)
         self.register_exact_buffer("planes", planes.contiguous())
-        self.register_exact_buffer("orbit_bias", orbit_bias.t().reshape(O * C))
+        self.register_exact_buffer("orbit_bias", orbit_bias)
         for name, value in _scatter_plan(face_index[:, orbits], C, head.num_vertices).items():
             self.register_buffer(f"scatter_{name}", value, persistent=False)
         self.kernel = kernel
         self.to(device=weight.device, dtype=weight.dtype)
 
+    def dense_forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return super().dense_forward(self.norm(tokens))
+
     def bind(self, tokens: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if not (self.kernel.supports(tokens, self.planes) and tokens.is_contiguous()):
             return None
         plan = {name: getattr(self, f"scatter_{name}") for name in PLAN_KEYS}
-        return self.kernel.bind_unpatchify(tokens, plan, self.planes, self.orbit_bias, self.inv_count)
+        return self.kernel.bind_unpatchify(tokens, plan, self.planes, self.orbit_bias, self.inv_count, self.norm_eps)
+
+
+def _fold_layer_norm(norm: nn.LayerNorm, planes: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The planes ``[4, A, D]`` and bias ``[A]`` of an unpatchify that reads LayerNorm'd tokens, for tokens
+    normalised without the affine: the scale multiplies every plane's columns; the shift survives in the mean
+    plane only, once per member of an orbit (the turning inputs subtract it away)."""
+    D = planes.shape[-1]
+    if tuple(norm.normalized_shape) != (D,):
+        raise ValueError(f"expected a LayerNorm over the tokens' {D} channels, got {tuple(norm.normalized_shape)}")
+    weight = torch.ones(D, dtype=torch.float64) if norm.weight is None else norm.weight.detach().to(torch.float64)
+    shift = torch.zeros(D, dtype=torch.float64) if norm.bias is None else norm.bias.detach().to(torch.float64)
+    return planes * weight, bias + 3 * planes[0] @ shift
 
 
 def _scatter_plan(orbit_vertex: torch.Tensor, channels: int, V: int) -> dict[str, torch.Tensor]:
