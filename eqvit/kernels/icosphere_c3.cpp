@@ -65,10 +65,13 @@ void token_features(const T* __restrict__ tokens, long R, long D, long sr, T eps
     if (Normalize) {
       for (int k = 0; k < 3; ++k) {
         const T* __restrict__ tk = t + k * D;
+        // (simd reductions: the sums may be reassociated into vector lanes, else they run one add at a time)
         T sum = 0;
+#pragma omp simd reduction(+ : sum)
         for (long d = 0; d < D; ++d) sum += tk[d];
         const T mean = sum / T(D);
         T squares = 0;
+#pragma omp simd reduction(+ : squares)
         for (long d = 0; d < D; ++d) squares += (tk[d] - mean) * (tk[d] - mean);
         shift[k] = mean;
         scale[k] = T(1) / std::sqrt(squares / T(D) + eps);
