@@ -87,14 +87,7 @@ class SO3RotationKernel(CompiledKernel):
         lib.eqvit_so3_rotate_max_order.restype = _LONG
         self.max_order = int(lib.eqvit_so3_rotate_max_order())
         self._fns = {torch.float32: lib.eqvit_so3_rotate_f32, torch.float64: lib.eqvit_so3_rotate_f64}
-        self._turned_fns = {
-            torch.float32: lib.eqvit_so3_rotate_turned_f32,
-            torch.float64: lib.eqvit_so3_rotate_turned_f64,
-        }
         for fn in self._fns.values():
-            fn.argtypes = [_PTR, _LONG, _LONG, _LONG, _LONG, _LONG, _LONG, _PTR, _LONG, ctypes.c_int]
-            fn.restype = None
-        for fn in self._turned_fns.values():
             fn.argtypes = [_PTR, _LONG, _LONG, _LONG, _LONG, _LONG, _LONG, _PTR, _PTR, _LONG, _LONG, ctypes.c_int]
             fn.restype = None
 
@@ -142,35 +135,17 @@ class SO3RotationKernel(CompiledKernel):
                 f"{list(blocks.shape)}, rows {list(rows.shape)}"
             )
         sb, sn, sr, _ = rows.stride()
-        if turns is None:
-            fn = self._fns[rows.dtype]
-
-            def rotate(data_ptr: int) -> None:
-                # tokens split over torch's intra-op thread count, read now: set_num_threads may have changed it
-                fn(data_ptr, B, N, R, sb, sn, sr, blocks.data_ptr(), max_order, torch.get_num_threads())
-
-            return rotate
-        if not (self.supports(rows, turns) and turns.shape == (N, 2 * max_order)):
+        if turns is not None and not (self.supports(rows, turns) and turns.shape == (N, 2 * max_order)):
             raise ValueError(
                 f"expected contiguous turns [{N}, {2 * max_order}] of the rows' dtype, got {list(turns.shape)} "
                 f"{turns.dtype} on {turns.device}"
             )
-        turned, group = self._turned_fns[rows.dtype], N // groups
+        fn, group = self._fns[rows.dtype], N // groups
+        turns_ptr = None if turns is None else turns.data_ptr()  # None: the per-token form (group 1)
 
-        def rotate_turned(data_ptr: int) -> None:
-            turned(
-                data_ptr,
-                B,
-                N,
-                R,
-                sb,
-                sn,
-                sr,
-                blocks.data_ptr(),
-                turns.data_ptr(),
-                group,
-                max_order,
-                torch.get_num_threads(),
-            )
+        def rotate(data_ptr: int) -> None:
+            # tokens split over torch's intra-op thread count, read now: set_num_threads may have changed it
+            fn(data_ptr, B, N, R, sb, sn, sr, blocks.data_ptr(), turns_ptr, group, max_order, torch.get_num_threads())
 
-        return rotate_turned
+        rotate.turns = turns  # the turns must outlive the call that holds their pointer
+        return rotate

@@ -75,42 +75,59 @@ inline void transpose(Lanes<double, 4>::type* v) {
   v[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
 }
 
-// One order for K tiles that share P: out[k][i] = sum_j P[i][j] in[k][j], i, j < D, every lane (row) at
-// once; each entry of P is read once for the K tiles.
-template <typename T, int W, int D, int K>
-inline __attribute__((always_inline)) void rotate_order(typename Lanes<T, W>::type (*__restrict__ in)[kMaxMoving],
-                                                        typename Lanes<T, W>::type (*__restrict__ out)[kMaxMoving],
+// One order for K tiles that share P: out[k][c + i] = sum_j P[i][j] in[k][c + j], i, j < D, every lane (row)
+// at once; each entry of P is read once for the K tiles. Moving: the tiles' capacity in channels.
+template <typename T, int W, int D, int K, int Moving>
+inline __attribute__((always_inline)) void rotate_order(typename Lanes<T, W>::type (*__restrict__ in)[Moving],
+                                                        typename Lanes<T, W>::type (*__restrict__ out)[Moving],
                                                         long c, const T* __restrict__ P) {
   typedef typename Lanes<T, W>::type V;
   for (int i = 0; i < D; ++i) {
-    const T* Pi = P + i * D;
     V acc[K];
-    for (int k = 0; k < K; ++k) acc[k] = in[k][c] * Pi[0];
+    for (int k = 0; k < K; ++k) acc[k] = in[k][c] * P[i * D];
     for (int j = 1; j < D; ++j) {
-      const T p = Pi[j];
+      const T p = P[i * D + j];
       for (int k = 0; k < K; ++k) acc[k] += in[k][c + j] * p;
     }
     for (int k = 0; k < K; ++k) out[k][c + i] = acc[k];
   }
 }
 
-// Orders 1..L on the moving channels (index c = channel - 1; order l holds c = l^2 - 1 .. l^2 + 2l - 1).
-template <typename T, int W, int K>
-inline void rotate_orders(typename Lanes<T, W>::type (*in)[kMaxMoving], typename Lanes<T, W>::type (*out)[kMaxMoving],
+constexpr long order_offset(long l) {  // where D^l starts among the blocks D^1 .. D^L
+  long offset = 0;
+  for (long i = 1; i < l; ++i) offset += (2 * i + 1) * (2 * i + 1);
+  return offset;
+}
+
+// Orders 1..L on the moving channels (index c = channel - 1; order l holds c = l^2 - 1 .. l^2 + 2l - 1),
+// L at run time: each order's width is still a compile-time constant, so its product unrolls fully.
+template <typename T, int W, int K, int Moving>
+inline void rotate_orders(typename Lanes<T, W>::type (*in)[Moving], typename Lanes<T, W>::type (*out)[Moving],
                           const T* P, long L) {
   for (long l = 1; l <= L; ++l) {
-    const long c = l * l - 1;
-    switch (l) {  // each order's width is a compile-time constant: the products unroll fully
-#define EQVIT_ORDER(n)                                \
-  case n:                                             \
-    rotate_order<T, W, 2 * n + 1, K>(in, out, c, P);  \
+    switch (l) {
+#define EQVIT_ORDER(n)                                                             \
+  case n:                                                                          \
+    rotate_order<T, W, 2 * n + 1, K, Moving>(in, out, n * n - 1, P + order_offset(n)); \
     break;
       EQVIT_ORDER(1) EQVIT_ORDER(2) EQVIT_ORDER(3) EQVIT_ORDER(4) EQVIT_ORDER(5)
       EQVIT_ORDER(6) EQVIT_ORDER(7) EQVIT_ORDER(8) EQVIT_ORDER(9) EQVIT_ORDER(10)
       EQVIT_ORDER(11) EQVIT_ORDER(12) EQVIT_ORDER(13) EQVIT_ORDER(14) EQVIT_ORDER(15)
 #undef EQVIT_ORDER
     }
-    P += (2 * l + 1) * (2 * l + 1);
+  }
+}
+
+// Orders 1..l with l a compile-time constant (L <= kMaxFixedOrder; SO3ViT's heads have L = 4 or 7): the
+// loop over orders unrolls too, and the tiles stay in registers.
+constexpr int kMaxFixedOrder = 8;
+
+template <typename T, int W, int K, int Moving, int l>
+inline __attribute__((always_inline)) void fixed_orders(typename Lanes<T, W>::type (*in)[Moving],
+                                                        typename Lanes<T, W>::type (*out)[Moving], const T* P) {
+  if constexpr (l >= 1) {
+    fixed_orders<T, W, K, Moving, l - 1>(in, out, P);
+    rotate_order<T, W, 2 * l + 1, K, Moving>(in, out, l * l - 1, P + order_offset(l));
   }
 }
 
@@ -130,110 +147,44 @@ inline void turn_orders(typename Lanes<T, W>::type* in, const T* turn, long L) {
   }
 }
 
-// One tile of W full rows x[r * sr + channel] (turned first where turn is not null), rotated with the
-// orders looped at run time: whole groups of W moving channels go through transposes, the remaining (< W)
-// channels are gathered lane by lane.
-template <typename T, int W>
-void rotate_tile(T* x, long sr, const T* turn, const T* P, long L) {
+// K tiles of W full rows that share the blocks P: tile k's rows at first[k * step + r * sr + channel], each
+// turned first by turn[2 L k ..] where turn is not null. Whole groups of W moving channels go through
+// transposes, the remaining (< W) channels are gathered lane by lane. FixedL > 0: L = FixedL, known at
+// compile time; 0: L at run time (then the tiles have room for kMaxOrder).
+template <typename T, int W, int K, int FixedL>
+void rotate_tiles(T* first, long step, long sr, const T* turn, const T* P, long L) {
   typedef typename Lanes<T, W>::type V;
-  V in[1][kMaxMoving], out[1][kMaxMoving];
+  constexpr int capacity = FixedL > 0 ? (FixedL + 1) * (FixedL + 1) - 1 : kMaxMoving;
+  if constexpr (FixedL > 0) L = FixedL;
   const long moving = (L + 1) * (L + 1) - 1, grouped = moving / W * W;
-  T* x1 = x + 1;  // channel 0 (order 0) stays
-  for (long g = 0; g < grouped; g += W) {
-    for (int r = 0; r < W; ++r) in[0][g + r] = load<V>(x1 + r * sr + g);
-    transpose(in[0] + g);
-  }
-  for (long c = grouped; c < moving; ++c) {
-    V lanes{};
-    for (int r = 0; r < W; ++r) lanes[r] = x1[r * sr + c];
-    in[0][c] = lanes;
-  }
-  if (turn != nullptr) turn_orders<T, W>(in[0], turn, L);
-  rotate_orders<T, W, 1>(in, out, P, L);
-  for (long g = 0; g < grouped; g += W) {
-    transpose(out[0] + g);
-    for (int r = 0; r < W; ++r) store<V>(x1 + r * sr + g, out[0][g + r]);
-  }
-  for (long c = grouped; c < moving; ++c) {
-    for (int r = 0; r < W; ++r) x1[r * sr + c] = out[0][c][r];
-  }
-}
-
-// ---- Orders known at compile time (L <= kMaxFixedOrder; SO3ViT's heads have L = 4 or 7).
-
-constexpr int kMaxFixedOrder = 8;
-
-constexpr long order_offset(long l) {  // where D^l starts among the blocks D^1 .. D^L
-  long offset = 0;
-  for (long i = 1; i < l; ++i) offset += (2 * i + 1) * (2 * i + 1);
-  return offset;
-}
-
-template <typename T, int W, int D, int K, int Moving>
-inline __attribute__((always_inline)) void fixed_order(typename Lanes<T, W>::type (*__restrict__ in)[Moving],
-                                                       typename Lanes<T, W>::type (*__restrict__ out)[Moving],
-                                                       long c, const T* __restrict__ P) {
-  typedef typename Lanes<T, W>::type V;
-  for (int i = 0; i < D; ++i) {
-    V acc[K];
-    for (int k = 0; k < K; ++k) acc[k] = in[k][c] * P[i * D];
-    for (int j = 1; j < D; ++j) {
-      const T p = P[i * D + j];
-      for (int k = 0; k < K; ++k) acc[k] += in[k][c + j] * p;
-    }
-    for (int k = 0; k < K; ++k) out[k][c + i] = acc[k];
-  }
-}
-
-template <typename T, int W, int K, int Moving, int l>
-inline __attribute__((always_inline)) void fixed_orders(typename Lanes<T, W>::type (*in)[Moving],
-                                                        typename Lanes<T, W>::type (*out)[Moving], const T* P) {
-  if constexpr (l >= 1) {
-    fixed_orders<T, W, K, Moving, l - 1>(in, out, P);
-    fixed_order<T, W, 2 * l + 1, K, Moving>(in, out, l * l - 1, P + order_offset(l));
-  }
-}
-
-// K tiles of W full rows that share the blocks P, with L a compile-time constant: tile k's rows at
-// first[k * step + r * sr + channel], each turned first by turn[2 L k ..] where turn is not null.
-template <typename T, int W, int K, int L>
-void fixed_tiles(T* first, long step, long sr, const T* turn, const T* P) {
-  typedef typename Lanes<T, W>::type V;
-  constexpr int moving = (L + 1) * (L + 1) - 1, grouped = moving / W * W;
-  V in[K][moving], out[K][moving];
+  V in[K][capacity], out[K][capacity];
   for (int k = 0; k < K; ++k) {
     const T* x1 = first + k * step + 1;  // channel 0 (order 0) stays
-    for (int g = 0; g < grouped; g += W) {
+    for (long g = 0; g < grouped; g += W) {
       for (int r = 0; r < W; ++r) in[k][g + r] = load<V>(x1 + r * sr + g);
       transpose(in[k] + g);
     }
-    for (int c = grouped; c < moving; ++c) {
+    for (long c = grouped; c < moving; ++c) {
       V lanes{};
       for (int r = 0; r < W; ++r) lanes[r] = x1[r * sr + c];
       in[k][c] = lanes;
     }
     if (turn != nullptr) turn_orders<T, W>(in[k], turn + k * 2 * L, L);
   }
-  fixed_orders<T, W, K, moving, L>(in, out, P);
+  if constexpr (FixedL > 0) {
+    fixed_orders<T, W, K, capacity, FixedL>(in, out, P);
+  } else {
+    rotate_orders<T, W, K, capacity>(in, out, P, L);
+  }
   for (int k = 0; k < K; ++k) {
     T* x1 = first + k * step + 1;
-    for (int g = 0; g < grouped; g += W) {
+    for (long g = 0; g < grouped; g += W) {
       transpose(out[k] + g);
       for (int r = 0; r < W; ++r) store<V>(x1 + r * sr + g, out[k][g + r]);
     }
-    for (int c = grouped; c < moving; ++c) {
+    for (long c = grouped; c < moving; ++c) {
       for (int r = 0; r < W; ++r) x1[r * sr + c] = out[k][c][r];
     }
-  }
-}
-
-// A tile at run-time or compile-time L (FixedL = 0: L at run time).
-template <typename T, int W, int FixedL>
-inline void one_tile(T* x, long sr, const T* turn, const T* P, long L) {
-  if constexpr (FixedL > 0) {
-    fixed_tiles<T, W, 1, FixedL>(x, 0, sr, turn, P);
-  } else {
-    rotate_tile<T, W>(x, sr, turn, P, L);
   }
 }
 
@@ -260,18 +211,18 @@ void rotate_groups(T* x, long batch, long tokens, long rows, long sb, long sn, l
     if constexpr (FixedL > 0) {
       if (shared) {
         for (; s + kShare <= group; s += kShare) {
-          fixed_tiles<T, W, kShare, FixedL>(first + s * sn, sn, sr, turn ? turn + s * turn_step : nullptr, P);
+          rotate_tiles<T, W, kShare, FixedL>(first + s * sn, sn, sr, turn ? turn + s * turn_step : nullptr, P, L);
         }
       }
     }
     for (; s < group; ++s) {
       T* token = first + s * sn;
       const T* token_turn = turn ? turn + s * turn_step : nullptr;
-      for (long r0 = 0; r0 < full; r0 += W) one_tile<T, W, FixedL>(token + r0 * sr, sr, token_turn, P, L);
+      for (long r0 = 0; r0 < full; r0 += W) rotate_tiles<T, W, 1, FixedL>(token + r0 * sr, 0, sr, token_turn, P, L);
       if (full < rows) {  // fewer than W rows left: through a zero-padded tile
         T tile[W * (kMaxMoving + 1)] = {};
         for (long r = full; r < rows; ++r) std::memcpy(tile + (r - full) * width, token + r * sr, width * sizeof(T));
-        rotate_tile<T, W>(tile, width, token_turn, P, L);
+        rotate_tiles<T, W, 1, 0>(tile, 0, width, token_turn, P, L);
         for (long r = full; r < rows; ++r) std::memcpy(token + r * sr, tile + (r - full) * width, width * sizeof(T));
       }
     }
@@ -290,6 +241,7 @@ void rotate(T* x, long batch, long tokens, long rows, long sb, long sn, long sr,
       EQVIT_FIXED(1) EQVIT_FIXED(2) EQVIT_FIXED(3) EQVIT_FIXED(4) EQVIT_FIXED(5) EQVIT_FIXED(6) EQVIT_FIXED(7)
       EQVIT_FIXED(8)
 #undef EQVIT_FIXED
+      static_assert(kMaxFixedOrder == 8, "the cases above instantiate orders 1 .. kMaxFixedOrder");
     default:
       return rotate_groups<T, W, 0>(x, batch, tokens, rows, sb, sn, sr, blocks, turns, group, L, threads);
   }
@@ -302,24 +254,15 @@ extern "C" {
 // The largest order L the kernels unroll; eqvit.fuse keeps the matmul form above it.
 long eqvit_so3_rotate_max_order() { return kMaxOrder; }
 
+// x rotated in place (see rotate): blocks per group of `group` consecutive tokens; turns null (and group 1,
+// the per-token form) or per token.
 void eqvit_so3_rotate_f32(float* x, long batch, long tokens, long rows, long sb, long sn, long sr,
-                          const float* blocks, long L, int threads) {
-  rotate<float, 8>(x, batch, tokens, rows, sb, sn, sr, blocks, nullptr, 1, L, threads);
-}
-
-void eqvit_so3_rotate_f64(double* x, long batch, long tokens, long rows, long sb, long sn, long sr,
-                          const double* blocks, long L, int threads) {
-  rotate<double, 4>(x, batch, tokens, rows, sb, sn, sr, blocks, nullptr, 1, L, threads);
-}
-
-// The turned form: blocks per group of `group` consecutive tokens, turns per token (see rotate).
-void eqvit_so3_rotate_turned_f32(float* x, long batch, long tokens, long rows, long sb, long sn, long sr,
-                                 const float* blocks, const float* turns, long group, long L, int threads) {
+                          const float* blocks, const float* turns, long group, long L, int threads) {
   rotate<float, 8>(x, batch, tokens, rows, sb, sn, sr, blocks, turns, group, L, threads);
 }
 
-void eqvit_so3_rotate_turned_f64(double* x, long batch, long tokens, long rows, long sb, long sn, long sr,
-                                 const double* blocks, const double* turns, long group, long L, int threads) {
+void eqvit_so3_rotate_f64(double* x, long batch, long tokens, long rows, long sb, long sn, long sr,
+                          const double* blocks, const double* turns, long group, long L, int threads) {
   rotate<double, 4>(x, batch, tokens, rows, sb, sn, sr, blocks, turns, group, L, threads);
 }
 }
