@@ -23,6 +23,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import torch
+
 from eqvit.utils import cache_dir
 
 __all__ = ["CompiledKernel", "KernelUnavailable", "kernels_enabled", "load"]
@@ -136,6 +138,19 @@ class CompiledKernel:
     """
 
     library: str
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+
+    def supports(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether the compiled code can take ``x`` with ``weight``: CPU tensors of one of :attr:`dtypes`, the
+        same for both, and ``x`` outside autograd (ctypes writes are invisible to it). Subclasses add their
+        layouts' conditions."""
+        return (
+            x.device.type == "cpu"
+            and x.dtype in self.dtypes
+            and weight.dtype == x.dtype
+            and weight.device.type == "cpu"
+            and not x.requires_grad
+        )
 
     @classmethod
     def load(cls, *, warn: bool = True):

@@ -42,7 +42,6 @@ class IcosphereC3Kernel(CompiledKernel):
     """
 
     library = "icosphere_c3"
-    dtypes = (torch.float32, torch.float64)
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         lib.eqvit_c3_max_channels.restype = _LONG
@@ -56,13 +55,7 @@ class IcosphereC3Kernel(CompiledKernel):
 
     def supports(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether the passes can run on ``x`` with factored weights like ``weight`` (else the dense form)."""
-        return (
-            x.device.type == "cpu"
-            and x.dtype in self.dtypes
-            and weight.dtype == x.dtype
-            and weight.device.type == "cpu"
-            and not outside_kernels(x)
-        )
+        return super().supports(x, weight) and not outside_kernels(x)
 
     def bind_lift(
         self, x: torch.Tensor, orbit_vertex: torch.Tensor, planes_t: torch.Tensor, bias: torch.Tensor

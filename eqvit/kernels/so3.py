@@ -81,7 +81,6 @@ class SO3RotationKernel(CompiledKernel):
     """
 
     library = "so3_rotate"
-    dtypes = (torch.float32, torch.float64)
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         lib.eqvit_so3_rotate_max_order.restype = _LONG
@@ -93,16 +92,7 @@ class SO3RotationKernel(CompiledKernel):
 
     def supports(self, rows: torch.Tensor, blocks: torch.Tensor) -> bool:
         """Whether :meth:`rotate_` can run on these tensors (else use the PyTorch form)."""
-        return (
-            rows.device.type == "cpu"
-            and rows.dtype in self.dtypes
-            and blocks.dtype == rows.dtype
-            and blocks.device.type == "cpu"
-            and blocks.is_contiguous()
-            and rows.ndim == 4
-            and rows.stride(-1) == 1
-            and not rows.requires_grad  # ctypes writes are invisible to autograd
-        )
+        return super().supports(rows, blocks) and blocks.is_contiguous() and rows.ndim == 4 and rows.stride(-1) == 1
 
     def rotate_(
         self, rows: torch.Tensor, blocks: torch.Tensor, max_order: int, turns: torch.Tensor | None = None
