@@ -199,13 +199,18 @@ def _icosphere_lift(m: IcospherePatchEmbed) -> nn.Module:
     return FrozenIcosphereLift(m) if kernel is None else C3IcosphereLift(m, kernel)
 
 
+def _unpatchify_kernel(m: IcosphereUnpatchify) -> IcosphereC3Kernel | None:
+    """The compiled passes for ``m``: None where they do not build or ``m`` has more output channels than the
+    compiled scatter sums."""
+    kernel = IcosphereC3Kernel.load()
+    return None if kernel is None or m.out_chans > kernel.max_channels else kernel
+
+
 @register_fuser(IcosphereUnpatchify)
 def _icosphere_unpatchify(m: IcosphereUnpatchify) -> nn.Module:
-    """As the lifting (:func:`_icosphere_lift`); more channels than the compiled scatter sums stay dense."""
-    kernel = IcosphereC3Kernel.load()
-    if kernel is None or m.out_chans > kernel.max_channels:
-        return FrozenIcosphereUnpatchify(m)
-    return C3IcosphereUnpatchify(m, kernel)
+    """As the lifting (:func:`_icosphere_lift`), where :func:`_unpatchify_kernel` has the passes."""
+    kernel = _unpatchify_kernel(m)
+    return FrozenIcosphereUnpatchify(m) if kernel is None else C3IcosphereUnpatchify(m, kernel)
 
 
 @register_fuser(SO3RoPE)
@@ -371,8 +376,8 @@ def _fold_final_norm_into_unpatchify(model: nn.Module) -> bool:
     head, norm = getattr(model, "head", None), getattr(model, "norm", None)
     if not (isinstance(head, IcosphereUnpatchify) and type(norm) is nn.LayerNorm):
         return False
-    kernel = IcosphereC3Kernel.load()
-    if kernel is None or head.out_chans > kernel.max_channels:
+    kernel = _unpatchify_kernel(head)
+    if kernel is None:
         return False
     model.head = C3IcosphereUnpatchify(head, kernel, norm=norm)
     model.norm = nn.Identity()
