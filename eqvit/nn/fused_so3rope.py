@@ -39,15 +39,19 @@ class KernelSO3RoPE(KeptKernelCalls, SO3RoPE):
         super().__init__(rope.head_dim, max_order=rope.max_order, wigner=pi)
         turned = turned_wigner_blocks(pi, rope.max_order)
         if turned is None:
-            self.group, self.turns = 1, None
+            self.turns = None
             self.register_exact_buffer("wigner_blocks", pack_wigner_blocks(pi, rope.max_order))
         else:
             blocks, turns = turned
-            self.group = pi.shape[0] // blocks.shape[0]
             self.register_exact_buffer("wigner_blocks", blocks)
             self.register_exact_buffer("turns", turns)
         self.kernel = kernel
         self.to(device=rope.pi.device, dtype=rope.pi.dtype)
+
+    @property
+    def group(self) -> int:
+        """Tokens per set of Wigner blocks: 1 in the per-token form, G in the turned form."""
+        return self.pi.shape[0] // self.wigner_blocks.shape[0]
 
     def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         """In place on ``qk [B, N, 2, H, D]``, as :meth:`SO3RoPE.rotate_qk_stacked_`."""
