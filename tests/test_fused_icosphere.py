@@ -147,6 +147,27 @@ def test_unpatchify_with_the_final_norm_folded_in_computes_norm_then_unpatchify(
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_tiles_of_patches_that_the_patch_count_leaves_part_empty(dtype, batch):
+    """20 patches a sample: the last tile of 8 float32 patches is half full. Width 28 and 5 orbits x 7
+    channels: products with full and partial blocks of rows."""
+    torch.manual_seed(0)
+    embed = IcospherePatchEmbed(7, 28, 2, 0).to(dtype)  # 162 vertices, 20 patches of 15 taps
+    head = IcosphereUnpatchify(28, 7, 2, 0).to(dtype)
+    norm = torch.nn.LayerNorm(28).to(dtype)
+    x = torch.randn(batch, 7, 162, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2.0), norm.bias.normal_()
+        tokens = FrozenIcosphereLift(embed)(x)
+        _assert_matches(C3IcosphereLift(embed, KERNEL)(x), tokens)
+        expected = FrozenIcosphereUnpatchify(head)(norm(tokens))
+        folded = C3IcosphereUnpatchify(head, KERNEL, norm=norm)
+        _assert_matches(folded(tokens), expected)
+    assert len(folded._kept) == 1
+
+
+@needs_kernel
 def test_outside_the_kernels_domain_the_dense_forms_run():
     """Gradients (ctypes writes are invisible to autograd), bf16 and strided tokens take the dense form."""
     embed = IcospherePatchEmbed(3, 8, INPUT_LEVEL, PATCH_LEVEL)
@@ -218,11 +239,28 @@ def test_fuse_factors_so3vit_tokenizer_and_head_and_keeps_it_exact():
 @needs_kernel
 def test_binding_refuses_inputs_and_factors_of_the_wrong_shape():
     orbit_vertex = torch.zeros(2, 3, 3, dtype=torch.int64)
-    planes_t, bias = torch.randn(4, 9, 4), torch.randn(4)  # 3 orbits x 3 channels -> 4
-    KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, planes_t, bias)
+    planes, bias = KERNEL.pack_planes(torch.randn(4, 4, 9)), torch.randn(4)  # 3 orbits x 3 channels -> 4
+    KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, planes, bias)
     with pytest.raises(ValueError, match=r"expected x \[B, C, V\]"):
-        KERNEL.bind_lift(torch.randn(3, 10), orbit_vertex, planes_t, bias)
-    with pytest.raises(ValueError, match=r"expected weight planes \[4, 12, 4\]"):  # 4 channels: 12 orbit values
-        KERNEL.bind_lift(torch.randn(1, 4, 10), orbit_vertex, planes_t, bias)
-    with pytest.raises(ValueError, match=r"expected weight planes"):
-        KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, planes_t[:3].contiguous(), bias)
+        KERNEL.bind_lift(torch.randn(3, 10), orbit_vertex, planes, bias)
+    with pytest.raises(ValueError, match=r"expected packed weight planes \[4, 48\]"):  # 4 channels: 12 orbit values
+        KERNEL.bind_lift(torch.randn(1, 4, 10), orbit_vertex, planes, bias)
+    with pytest.raises(ValueError, match=r"expected packed weight planes"):
+        KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, planes[:3].contiguous(), bias)
+    with pytest.raises(ValueError, match=r"expected packed weight planes"):
+        KERNEL.bind_lift(torch.randn(1, 3, 10), orbit_vertex, planes.flatten(), bias)
+    with pytest.raises(ValueError, match=r"expected weight planes \[4, J, K\]"):
+        KERNEL.pack_planes(torch.randn(3, 4, 9))
+
+
+@needs_kernel
+def test_packed_planes_hold_blocks_of_rows_in_k_major_order():
+    """The products read each block of ``row_block`` rows (the last one shorter) one k at a time."""
+    block = KERNEL.row_block
+    J, K = 2 * block + 5, 7
+    planes = torch.arange(4 * J * K, dtype=torch.float64).view(4, J, K)
+    packed = KERNEL.pack_planes(planes)
+    assert packed.shape == (4, J * K)
+    for j0, rows in [(0, block), (block, block), (2 * block, 5)]:
+        stored = packed[:, j0 * K : (j0 + rows) * K].view(4, K, rows)
+        assert torch.equal(stored, planes[:, j0 : j0 + rows].transpose(1, 2))

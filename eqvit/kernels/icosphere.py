@@ -1,8 +1,8 @@
-"""The icosphere tokenizer's passes into and out of the basis of a patch's turns (``icosphere_c3.cpp``).
+"""The icosphere tokenizer's lifting and unpatchify in the basis of a patch's turns (``icosphere_c3.cpp``).
 
 :mod:`eqvit.nn.fused_icosphere` factors the lifting and the unpatchify over the patch's 120-degree turns
-into four weight planes; this module binds the compiled loops around their one batched product, once per
-input layout.
+into four weight planes; this module binds the compiled passes that run the change into the turn basis, the
+four products and the change out of it tile by tile, once per input layout.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ __all__ = ["IcosphereC3Kernel", "outside_kernels"]
 
 _LONG, _INT, _PTR = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
-    "lift_features": [_PTR, _LONG, _LONG, _LONG, _LONG, _LONG, _PTR, _LONG, _LONG, _PTR, _INT],
-    "token_features": [_PTR, _LONG, _LONG, _LONG, _PTR, _INT],
-    "normed_token_features": [_PTR, _LONG, _LONG, _LONG, ctypes.c_double, _PTR, _INT],
-    "tokens": [_PTR, _PTR, _LONG, _LONG, _PTR, _INT],
-    "scatter": [_PTR, _PTR, _LONG, _LONG, _LONG, _LONG, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _LONG, _PTR, _INT],
+    "lift": [_PTR, _LONG, _LONG, _LONG, _LONG, _LONG, _PTR, _LONG, _LONG, _PTR, _PTR, _LONG, _PTR, _INT],
+    "unpatchify": [_PTR, _LONG, _LONG, _LONG, _LONG, _INT, ctypes.c_double, _PTR, _PTR, _LONG, _LONG]
+    + [_PTR] * 5
+    + [_PTR, _LONG, _PTR, _INT],
 }
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 PLAN_KEYS = ("vertex", "ptr", "patch", "row", "turn")  # the scatter plan's tensors, see icosphere_c3.cpp
@@ -44,8 +43,9 @@ class IcosphereC3Kernel(CompiledKernel):
     library = "icosphere_c3"
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        lib.eqvit_c3_max_channels.restype = _LONG
+        lib.eqvit_c3_max_channels.restype = lib.eqvit_c3_row_block.restype = _LONG
         self.max_channels = int(lib.eqvit_c3_max_channels())
+        self.row_block = int(lib.eqvit_c3_row_block())
         self._fns: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
         for name, argtypes in _SIGNATURES.items():
             for dtype, suffix in _SUFFIX.items():
@@ -57,14 +57,23 @@ class IcosphereC3Kernel(CompiledKernel):
         """Whether the passes can run on ``x`` with factored weights like ``weight`` (else the dense form)."""
         return super().supports(x, weight) and not outside_kernels(x)
 
+    def pack_planes(self, planes: torch.Tensor) -> torch.Tensor:
+        """Weight planes ``[4, J, K]`` in the passes' storage ``[4, J K]``: blocks of :attr:`row_block` rows (the
+        last may be shorter), each stored k-major (``[K, rows]``), so that a product reads a block in sequence."""
+        if planes.ndim != 3 or planes.shape[0] != 4:
+            raise ValueError(f"expected weight planes [4, J, K], got {list(planes.shape)}")
+        J, block = planes.shape[1], self.row_block
+        blocks = [planes[:, j : j + block].transpose(1, 2).reshape(4, -1) for j in range(0, J, block)]
+        return torch.cat(blocks, dim=1).contiguous()
+
     def bind_lift(
-        self, x: torch.Tensor, orbit_vertex: torch.Tensor, planes_t: torch.Tensor, bias: torch.Tensor
+        self, x: torch.Tensor, orbit_vertex: torch.Tensor, planes: torch.Tensor, bias: torch.Tensor
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The lifting for inputs laid out like ``x [B, C, V]``: ``tokens [B, 3 M, D] = lift(x)``.
 
         ``orbit_vertex [M, O, 3]``: the vertices of each patch's tap orbits (member r of orbit o);
-        ``planes_t [4, O C, D]``: the four weight planes (:func:`~eqvit.nn.fused_icosphere.c3_planes`),
-        transposed; ``bias [D]``: the tokens' bias.
+        ``planes [4, D O C]``: the four weight planes ``[D, O C]`` (:func:`~eqvit.nn.fused_icosphere.c3_planes`)
+        as :meth:`pack_planes` stores them; ``bias [D]``: the tokens' bias.
         """
         if x.ndim != 3 or orbit_vertex.ndim != 3 or orbit_vertex.shape[2] != 3:
             raise ValueError(
@@ -73,21 +82,17 @@ class IcosphereC3Kernel(CompiledKernel):
             )
         B, C, V = x.shape
         M, O, _ = orbit_vertex.shape
-        OC, D = O * C, planes_t.shape[-1]
-        self._check(x, planes_t, bias)
-        _check_planes(planes_t, bias, (OC, D), (D,))
+        D = bias.shape[0] if bias.ndim == 1 else 0
+        self._check(x, planes, bias)
+        _check_planes(planes, bias, D * O * C, D)
         _check_index(orbit_vertex, V, "orbit vertex")
         sxb, sxc, sxv = x.stride()
-        features, tokens = self._fns["lift_features", x.dtype], self._fns["tokens", x.dtype]
-        dtype, R = x.dtype, B * M
+        run, dtype = self._fns["lift", x.dtype], x.dtype
 
         def lift(x: torch.Tensor) -> torch.Tensor:
-            threads = torch.get_num_threads()
-            inputs = torch.empty(4, R, OC, dtype=dtype)
-            features(x.data_ptr(), B, C, sxb, sxc, sxv, orbit_vertex.data_ptr(), M, O, inputs.data_ptr(), threads)
-            products = torch.bmm(inputs, planes_t)  # [4, R, D]
             out = torch.empty(B, 3 * M, D, dtype=dtype)
-            tokens(products.data_ptr(), bias.data_ptr(), R, D, out.data_ptr(), threads)
+            weights = (orbit_vertex.data_ptr(), M, O, planes.data_ptr(), bias.data_ptr(), D)
+            run(x.data_ptr(), B, C, sxb, sxc, sxv, *weights, out.data_ptr(), torch.get_num_threads())
             return out
 
         return lift
@@ -103,56 +108,33 @@ class IcosphereC3Kernel(CompiledKernel):
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The unpatchify for tokens laid out like ``tokens [B, 3 M, D]`` (contiguous): ``[B, C, V]``.
 
-        ``planes [4, O C, D]``: the four weight planes (rows (o, c)); ``bias [O C]``: the orbit values'
-        bias; ``scatter_plan``: ``vertex``, ``ptr``, ``patch``, ``row`` (int32) and ``turn`` (uint8), see
-        ``icosphere_c3.cpp``; ``inv_count [V]``: 1 / (what each vertex receives). With ``norm_eps`` each
+        ``planes [4, O C D]``: the four weight planes ``[O C, D]`` (rows (o, c)) as :meth:`pack_planes` stores
+        them; ``bias [O C]``: the orbit values' bias; ``scatter_plan``: ``vertex``, ``ptr``, ``patch``, ``row``
+        (int32) and ``turn`` (uint8), see ``icosphere_c3.cpp``; ``inv_count [V]``: 1 / (what each vertex
+        receives). With ``norm_eps`` each
         token is first normalised over its D channels, a LayerNorm whose affine the planes and bias hold.
         """
         B, N, D = tokens.shape
         M, V = N // 3, inv_count.shape[0]
-        OC = planes.shape[1]
+        OC = bias.shape[0] if bias.ndim == 1 else 0
         self._check(tokens, planes, bias, inv_count)
         if not tokens.is_contiguous() or N % 3:
             raise ValueError(
                 f"expected contiguous tokens [B, 3 M, D]; got tokens {list(tokens.shape)} "
                 f"(contiguous: {tokens.is_contiguous()})"
             )
-        _check_planes(planes, bias, (OC, D), (OC,))
+        _check_planes(planes, bias, OC * D, OC)
         C = _check_scatter_plan(scatter_plan, M, OC, V)
         if C > self.max_channels:
             raise ValueError(f"the kernel scatters at most {self.max_channels} channels, got {C}")
         plan = [scatter_plan[key].data_ptr() for key in PLAN_KEYS]
-        scatter = self._fns["scatter", tokens.dtype]
-        if norm_eps is None:
-            features = self._fns["token_features", tokens.dtype]
-        else:
-            normed = self._fns["normed_token_features", tokens.dtype]
-
-            def features(tokens_ptr: int, R: int, D: int, sr: int, out_ptr: int, threads: int) -> None:
-                normed(tokens_ptr, R, D, sr, norm_eps, out_ptr, threads)
-
-        dtype, R = tokens.dtype, B * M
+        run, dtype = self._fns["unpatchify", tokens.dtype], tokens.dtype
+        normalize, eps = norm_eps is not None, 0.0 if norm_eps is None else norm_eps
 
         def unpatchify(tokens: torch.Tensor) -> torch.Tensor:
-            threads = torch.get_num_threads()
-            inputs = torch.empty(4, R, D, dtype=dtype)
-            features(tokens.data_ptr(), R, D, 3 * D, inputs.data_ptr(), threads)
-            # [4, O C, R]: with the R rows on the long side the product runs 1.4x faster than [4, R, O C]
-            products = torch.bmm(planes, inputs.transpose(1, 2))
             out = torch.empty(B, C, V, dtype=dtype)
-            scatter(
-                products.data_ptr(),
-                bias.data_ptr(),
-                B,
-                M,
-                OC,
-                C,
-                *plan,
-                inv_count.data_ptr(),
-                V,
-                out.data_ptr(),
-                threads,
-            )
+            weights = (planes.data_ptr(), bias.data_ptr(), OC, C, *plan, inv_count.data_ptr(), V)
+            run(tokens.data_ptr(), B, M, D, 3 * D, normalize, eps, *weights, out.data_ptr(), torch.get_num_threads())
             return out
 
         # the plan's tensors must outlive the call that holds their pointers
@@ -168,12 +150,12 @@ class IcosphereC3Kernel(CompiledKernel):
             )
 
 
-def _check_planes(planes: torch.Tensor, bias: torch.Tensor, plane: tuple[int, int], bias_shape: tuple[int]) -> None:
-    """Four weight planes ``[4, *plane]`` and a bias ``bias_shape``."""
-    if planes.shape != (4, *plane) or bias.shape != bias_shape:
+def _check_planes(planes: torch.Tensor, bias: torch.Tensor, size: int, outputs: int) -> None:
+    """Four packed weight planes ``[4, size]`` and a bias ``[outputs]`` (``outputs`` > 0 rows of the planes)."""
+    if outputs == 0 or planes.shape != (4, size) or bias.shape != (outputs,):
         raise ValueError(
-            f"expected weight planes {[4, *plane]} and bias {list(bias_shape)}; got "
-            f"{list(planes.shape)} and {list(bias.shape)}"
+            f"expected packed weight planes [4, {size}] and bias [{outputs}]; got {list(planes.shape)} and "
+            f"{list(bias.shape)}"
         )
 
 

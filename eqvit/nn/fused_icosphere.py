@@ -13,10 +13,10 @@ on the orbit means and one on the two turning components (:func:`c3_factors`),
 and the three outputs ``z + u | z + v | z - u - v``. The turning block commutes with the turn, which
 acts on the turning components as a rotation by 120 degrees: it is a complex ``[A, K]`` matrix, and
 Gauss's trick multiplies by it with three real products (:func:`c3_planes`). Four real ``[A, K]``
-products in all, run as one batched product: 4/9 of the dense product's multiply-adds (7.4M instead of
-16.6M in each of SO3ViT's lifting and unpatchify at width 128). The changes of basis are the compiled
-passes of :mod:`eqvit.kernels.icosphere`; where they cannot run (a GPU, gradients, bf16) the modules keep
-the dense turned kernels of their base classes.
+products in all: 4/9 of the dense product's multiply-adds (7.4M instead of 16.6M in each of SO3ViT's
+lifting and unpatchify at width 128). The compiled passes of :mod:`eqvit.kernels.icosphere` run the changes
+of basis and the four products tile by tile; where they cannot run (a GPU, gradients, bf16) the modules
+keep the dense turned kernels of their base classes.
 """
 
 from __future__ import annotations
@@ -159,16 +159,16 @@ class C3IcosphereLift(_FactoredForward, FrozenIcosphereLift):
         bias = bias.detach().to(torch.float64).view(3, D)
         if not torch.equal(bias, bias[:1].expand(3, D)):
             raise ValueError("the three turned kernels of a lifting share one bias")
-        self.register_exact_buffer("planes_t", planes.transpose(1, 2).contiguous())  # [4, O C, D]
+        self.register_exact_buffer("planes", kernel.pack_planes(planes))  # [4, D O C], see IcosphereC3Kernel
         self.register_exact_buffer("token_bias", bias[0])
         self.register_buffer("orbit_vertex", self.face_index.view(M, P)[:, orbits].contiguous(), persistent=False)
         self.kernel = kernel
         self.to(device=weight.device, dtype=weight.dtype)
 
     def bind(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        if not self.kernel.supports(x, self.planes_t):
+        if not self.kernel.supports(x, self.planes):
             return None
-        return self.kernel.bind_lift(x, self.orbit_vertex, self.planes_t, self.token_bias)
+        return self.kernel.bind_lift(x, self.orbit_vertex, self.planes, self.token_bias)
 
 
 class C3IcosphereUnpatchify(_FactoredForward, FrozenIcosphereUnpatchify):
@@ -199,7 +199,7 @@ class C3IcosphereUnpatchify(_FactoredForward, FrozenIcosphereUnpatchify):
         if norm is not None:
             planes, orbit_bias = _fold_layer_norm(norm, planes, orbit_bias)
             self.norm_eps, self.norm = float(norm.eps), copy.deepcopy(norm).requires_grad_(False)
-        self.register_exact_buffer("planes", planes.contiguous())
+        self.register_exact_buffer("planes", kernel.pack_planes(planes))  # [4, O C D], see IcosphereC3Kernel
         self.register_exact_buffer("orbit_bias", orbit_bias)
         for name, value in _scatter_plan(face_index[:, orbits], C, head.num_vertices).items():
             self.register_buffer(f"scatter_{name}", value, persistent=False)
