@@ -199,7 +199,11 @@ def test_benchmark_smoke(tmp_path, capsys):
     )
     assert result["machine"]["torch"] == torch.__version__ and result["machine"]["cpu_count"] >= 1
     printed = capsys.readouterr().out
-    assert "SO(3)-RoPE overhead" in printed and "inference form" in printed and "speed-up over s2transformer_tiny" in printed
+    assert (
+        "SO(3)-RoPE overhead" in printed
+        and "inference form" in printed
+        and "speed-up over s2transformer_tiny" in printed
+    )
     assert "over the bare blocks" in printed and "so3vit_tiny[fused] over the bare blocks" in printed
     assert "90% interval" in printed
     # The memory measurement that the CLI runs in a fresh process, here in-process.

@@ -645,7 +645,10 @@ def print_report(result: dict[str, Any]) -> None:
         )
     # The 1.05x targets hold for the inference form (what eqvit.fuse deploys); the training form keeps
     # plain PyTorch ops for autograd (DESIGN.md), so its figures are printed beside them, without a target.
-    for key, label in (("rope_overhead", "SO(3)-RoPE overhead (so3rope / none)"), ("over_bare", "over the bare blocks")):
+    for key, label in (
+        ("rope_overhead", "SO(3)-RoPE overhead (so3rope / none)"),
+        ("over_bare", "over the bare blocks"),
+    ):
         if key not in head:
             continue
         training = f"training form {fmt_ratio(head[key])} (paired {fmt_ratio(head[key + '_paired_median'])})"
