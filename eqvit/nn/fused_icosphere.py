@@ -43,7 +43,10 @@ def tap_orbits(orientation_taps: np.ndarray | torch.Tensor) -> torch.Tensor:
     """``[O, 3]``: the orbits of a patch's taps under the turn, member r of each being the r-th turn of
     its first. ``orientation_taps [3, P]`` is the lifting's: turn s reads tap ``taps[s][q]`` where turn 0
     reads q."""
-    taps = torch.tensor(np.array(orientation_taps), dtype=torch.int64)
+    if isinstance(orientation_taps, torch.Tensor):
+        taps = orientation_taps.to(torch.int64)
+    else:  # a copy: the lifting's arrays may be read-only
+        taps = torch.tensor(orientation_taps, dtype=torch.int64)
     if taps.ndim != 2 or taps.shape[0] != 3:
         raise ValueError(f"expected orientation taps [3, P], got {list(taps.shape)}")
     turn = taps[1]
