@@ -15,7 +15,7 @@ import eqvit
 from eqvit import kernels, models
 from eqvit.groups import get_group
 from eqvit.groups.so3 import wigner_D_blocks
-from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks, turned_wigner_blocks
+from eqvit.kernels.so3 import SO3RotationKernel, pack_wigner_blocks, turned_wigner_blocks, z_turn_matrices
 from eqvit.nn.fused import FrozenIcosphereLift, FrozenIcosphereUnpatchify
 from eqvit.nn.fused_so3rope import KernelSO3RoPE
 from eqvit.nn.posenc import SO3RoPE
@@ -53,15 +53,10 @@ def test_turned_wigner_blocks_share_one_set_per_group_and_rebuild_every_token():
     assert blocks.shape == (4, 9 + 25 + 49) and turns.shape == (12, 2 * L)
     assert torch.equal(blocks, pack_wigner_blocks(pi[::3], L))
     # token n's matrix is its group's turned by (cos m t, sin m t) on channels (-m, +m) of every order
-    cos, sin = turns.view(12, L, 2).unbind(-1)
-    for l in range(1, L + 1):
-        c = l * l + l
-        turn = torch.eye(2 * l + 1, dtype=torch.float64).repeat(12, 1, 1)
-        for m in range(1, l + 1):
-            turn[:, l - m, l - m] = turn[:, l + m, l + m] = cos[:, m - 1]
-            turn[:, l - m, l + m], turn[:, l + m, l - m] = -sin[:, m - 1], sin[:, m - 1]
-        group = pi[::3, c - l : c + l + 1, c - l : c + l + 1].repeat_interleave(3, dim=0)
-        assert (group @ turn - pi[:, c - l : c + l + 1, c - l : c + l + 1]).abs().max() < 1e-12
+    group = pi[::3].repeat_interleave(3, dim=0)
+    assert (group @ z_turn_matrices(turns, L) - pi).abs().max() < 1e-12
+    angles = torch.atan2(turns[:, 1], turns[:, 0])  # the turn t itself, from (cos t, sin t)
+    assert torch.allclose(turns.view(12, L, 2)[:, 2], torch.stack([torch.cos(3 * angles), torch.sin(3 * angles)], -1))
     assert turned_wigner_blocks(wigner_D_blocks(L, random_poses(12)), L) is None  # no shared axes
     uneven = torch.cat([turned_poses(2), turned_poses(1, size=2, seed=1)])  # groups of 3, 3 and 2
     assert turned_wigner_blocks(wigner_D_blocks(L, uneven), L) is None
@@ -200,6 +195,11 @@ def test_kernel_outside_its_domain_takes_the_matmul():
         KERNEL.rotate_(torch.randn(1, 6, 2, 16, requires_grad=True), fused.wigner_blocks.float(), 3)
     with pytest.raises(ValueError, match="expected blocks"):
         KERNEL.rotate_(torch.randn(1, 5, 2, 16), fused.wigner_blocks.float(), 3)
+    turned = KernelSO3RoPE(SO3RoPE(16, poses=turned_poses(2)), KERNEL)  # 6 tokens, L = 3: turns [6, 6]
+    rows = torch.randn(1, 6, 2, 16)
+    for bad in (turned.turns[:, :4], turned.turns.t().contiguous().t(), turned.turns.double()):
+        with pytest.raises(ValueError, match=r"expected contiguous turns \[6, 6\]"):
+            KERNEL.rotate_(rows, turned.wigner_blocks, 3, bad)
 
 
 @needs_kernel

@@ -9,7 +9,7 @@ import torch
 
 from eqvit.kernels import CompiledKernel
 
-__all__ = ["SO3RotationKernel", "pack_wigner_blocks", "turned_wigner_blocks"]
+__all__ = ["SO3RotationKernel", "pack_wigner_blocks", "turned_wigner_blocks", "z_turn_matrices"]
 
 _LONG = ctypes.c_long
 _PTR = ctypes.c_void_p
@@ -58,17 +58,25 @@ def turned_wigner_blocks(
     centre = [m * m + m for m in range(1, L + 1)]  # channel m = 0 of order l = m
     cos = torch.stack([turn[:, c - m, c - m] for m, c in enumerate(centre, 1)], dim=1)
     sin = torch.stack([turn[:, c + m, c - m] for m, c in enumerate(centre, 1)], dim=1)
-    rebuilt = torch.zeros_like(turn)
-    rebuilt[:, 0, 0] = 1
+    turns = torch.stack([cos, sin], dim=-1).reshape(N, 2 * L).contiguous()
+    if (z_turn_matrices(turns, L) - turn).abs().max() > atol:
+        return None
+    return pack_wigner_blocks(base, L), turns
+
+
+def z_turn_matrices(turns: torch.Tensor, max_order: int) -> torch.Tensor:
+    """The matrices Z ``[N, (L+1)^2, (L+1)^2]`` that the kernel applies for ``turns [N, 2 L]`` (token n's
+    ``(cos m t, sin m t)`` for m = 1..L): on every order l, channels (-m, +m) to
+    ``(c x_-m - s x_+m, s x_-m + c x_+m)``; channel m = 0 stays."""
+    L = max_order
+    cos, sin = turns.view(-1, L, 2).unbind(-1)
+    Z = torch.eye((L + 1) ** 2, dtype=turns.dtype).repeat(turns.shape[0], 1, 1)
     for l in range(1, L + 1):
         c = l * l + l
-        rebuilt[:, c, c] = 1
         for m in range(1, l + 1):
-            rebuilt[:, c - m, c - m] = rebuilt[:, c + m, c + m] = cos[:, m - 1]
-            rebuilt[:, c - m, c + m], rebuilt[:, c + m, c - m] = -sin[:, m - 1], sin[:, m - 1]
-    if (rebuilt - turn).abs().max() > atol:
-        return None
-    return pack_wigner_blocks(base, L), torch.stack([cos, sin], dim=-1).reshape(N, 2 * L).contiguous()
+            Z[:, c - m, c - m] = Z[:, c + m, c + m] = cos[:, m - 1]
+            Z[:, c - m, c + m], Z[:, c + m, c - m] = -sin[:, m - 1], sin[:, m - 1]
+    return Z
 
 
 class SO3RotationKernel(CompiledKernel):
