@@ -124,6 +124,14 @@ def test_factored_unpatchify_computes_the_dense_one(dtype, batch, channels):
     assert torch.equal(factored(tokens), got)
 
 
+def _random_layer_norm(width: int, dtype: torch.dtype, eps: float = 1e-5) -> torch.nn.LayerNorm:
+    """A LayerNorm whose affine is far from the identity, so that folding it counts."""
+    norm = torch.nn.LayerNorm(width, eps=eps).to(dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2.0), norm.bias.normal_()
+    return norm
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch", [1, 3])
@@ -131,9 +139,7 @@ def test_unpatchify_with_the_final_norm_folded_in_computes_norm_then_unpatchify(
     """The LayerNorm's affine in the planes and bias, the normalisation in the pass that reads the tokens."""
     torch.manual_seed(0)
     head = IcosphereUnpatchify(16, 3, INPUT_LEVEL, PATCH_LEVEL).to(dtype)
-    norm = torch.nn.LayerNorm(16, eps=1e-3).to(dtype)
-    with torch.no_grad():
-        norm.weight.uniform_(0.5, 2.0), norm.bias.normal_()
+    norm = _random_layer_norm(16, dtype, eps=1e-3)
     folded = C3IcosphereUnpatchify(head, KERNEL, norm=norm)
     tokens = 3.0 + 2.0 * torch.randn(batch, 240, 16, dtype=dtype)  # far from normalised: mean and scale count
     with torch.no_grad():
@@ -155,10 +161,9 @@ def test_tiles_of_patches_that_the_patch_count_leaves_part_empty(dtype, batch):
     torch.manual_seed(0)
     embed = IcospherePatchEmbed(7, 28, 2, 0).to(dtype)  # 162 vertices, 20 patches of 15 taps
     head = IcosphereUnpatchify(28, 7, 2, 0).to(dtype)
-    norm = torch.nn.LayerNorm(28).to(dtype)
+    norm = _random_layer_norm(28, dtype)
     x = torch.randn(batch, 7, 162, dtype=dtype)
     with torch.no_grad():
-        norm.weight.uniform_(0.5, 2.0), norm.bias.normal_()
         tokens = FrozenIcosphereLift(embed)(x)
         _assert_matches(C3IcosphereLift(embed, KERNEL)(x), tokens)
         expected = FrozenIcosphereUnpatchify(head)(norm(tokens))
