@@ -17,13 +17,6 @@ basis (:mod:`eqvit.nn.norm`): every norm becomes one ``F.layer_norm`` read throu
 the cost of timm's. Their intermediate token maps (``forward_intermediates``) are then in that basis;
 take maps from the unfused model.
 
-SO(3)-RoPE with fixed poses (SO3ViT) rotates queries and keys on a compiled CPU kernel where one builds
-(:mod:`eqvit.nn.fused_so3rope`, :mod:`eqvit.kernels`); elsewhere its matmul form is kept. The icosphere
-lifting and unpatchify are factored over a patch's 120-degree turns there (:mod:`eqvit.nn.fused_icosphere`:
-four real products, one of them on the orbit means and three for the complex turning block by Gauss's
-trick, 4/9 of the dense products' multiply-adds), and the final LayerNorm is folded into the unpatchify:
-its ``forward_features`` then returns the tokens before that norm, which ``forward_head`` applies.
-
 Each layer type has one fuser (:func:`register_fuser`); a module without one is kept and its
 children are fused.
 """
@@ -37,8 +30,6 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
-from eqvit.kernels.icosphere import IcosphereC3Kernel
-from eqvit.kernels.so3 import SO3RotationKernel
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.basis import AttentionInBasis
 from eqvit.nn.fused import (
@@ -68,7 +59,6 @@ from eqvit.nn.fused_fourier import (
     stream_cost_ratio,
 )
 from eqvit.nn.fused_frames import FrozenFrameAttention
-from eqvit.nn.fused_icosphere import C3IcosphereLift, C3IcosphereUnpatchify
 from eqvit.nn.fused_schur import (
     FourierSlabMlp,
     FrozenSchurLinear,
@@ -76,7 +66,6 @@ from eqvit.nn.fused_schur import (
     fourier_slab_mlp_applies,
     schur_coupled_attention_applies,
 )
-from eqvit.nn.fused_so3rope import KernelSO3RoPE
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp
 from eqvit.nn.layers import Block, FeatureGather
@@ -87,7 +76,6 @@ from eqvit.nn.posenc.base import NoPositionalEncoding
 from eqvit.nn.posenc.frame_rope import FrameRoPE
 from eqvit.nn.posenc.invariant import InvariantAPE
 from eqvit.nn.posenc.learned import OrbitAPE
-from eqvit.nn.posenc.so3rope import SO3RoPE
 from eqvit.nn.regular import FOURIER_COST_RATIO, GroupConvLinear, RegularLayerNorm, RegularLayerScale
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
 from eqvit.nn.tokenizers.planar import GroupPatchEmbed, PlanarTokenizer
@@ -194,34 +182,12 @@ def _orbit_ape(m: OrbitAPE) -> nn.Module:
 
 @register_fuser(IcospherePatchEmbed)
 def _icosphere_lift(m: IcospherePatchEmbed) -> nn.Module:
-    """The turned kernels once; factored over the patch's turns on the compiled passes where they build."""
-    kernel = IcosphereC3Kernel.load()
-    return FrozenIcosphereLift(m) if kernel is None else C3IcosphereLift(m, kernel)
-
-
-def _unpatchify_kernel(m: IcosphereUnpatchify) -> IcosphereC3Kernel | None:
-    """The compiled passes for ``m``: None where they do not build or ``m`` has more output channels than the
-    compiled scatter sums."""
-    kernel = IcosphereC3Kernel.load()
-    return None if kernel is None or m.out_chans > kernel.max_channels else kernel
+    return FrozenIcosphereLift(m)
 
 
 @register_fuser(IcosphereUnpatchify)
 def _icosphere_unpatchify(m: IcosphereUnpatchify) -> nn.Module:
-    """As the lifting (:func:`_icosphere_lift`), where :func:`_unpatchify_kernel` has the passes."""
-    kernel = _unpatchify_kernel(m)
-    return FrozenIcosphereUnpatchify(m) if kernel is None else C3IcosphereUnpatchify(m, kernel)
-
-
-@register_fuser(SO3RoPE)
-def _so3rope(m: SO3RoPE) -> nn.Module:
-    """Fixed poses: the rotation on the compiled CPU kernel where it builds (:mod:`eqvit.kernels`)."""
-    if isinstance(m, KernelSO3RoPE) or m.pi is None:
-        return m
-    kernel = SO3RotationKernel.load()
-    if kernel is None or m.max_order > kernel.max_order:
-        return m
-    return KernelSO3RoPE(m, kernel)
+    return FrozenIcosphereUnpatchify(m)
 
 
 @register_fuser(AttentionInBasis)
@@ -364,32 +330,10 @@ def _fourier_stream(model: nn.Module) -> nn.Module:
     return _fuse_children(model)  # the head's lift
 
 
-# ---------------------------------------------------------------------------------------------------
-# models: SO3ViT's final norm read by its unpatchify
-
-
-def _fold_final_norm_into_unpatchify(model: nn.Module) -> bool:
-    """SO3ViT: the final LayerNorm folded into the factored unpatchify (its affine into the weight planes,
-    the normalisation into the pass that reads the tokens), where the compiled passes build. The model's
-    ``norm`` becomes the identity, so ``forward_features`` returns the tokens before it (as a timm model whose
-    norm sits in its head, ``fc_norm``, does); ``forward_head`` applies it."""
-    head, norm = getattr(model, "head", None), getattr(model, "norm", None)
-    if not (isinstance(head, IcosphereUnpatchify) and type(norm) is nn.LayerNorm):
-        return False
-    kernel = _unpatchify_kernel(head)
-    if kernel is None:
-        return False
-    model.head = C3IcosphereUnpatchify(head, kernel, norm=norm)
-    model.norm = nn.Identity()
-    return True
-
-
 @register_fuser(EquivariantViT)
 def _fuse_model(model: nn.Module) -> nn.Module:
     if _fourier_stream_applies(model):
         return _fourier_stream(model)
-    if _fold_final_norm_into_unpatchify(model):
-        return _fuse_children(model)  # the lifting, the rotation, the blocks
     if not _reflected_stream_applies(model):
         return _fuse_children(model)
     norm = model.norm

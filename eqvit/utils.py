@@ -24,6 +24,6 @@ def unknown_name_error(kind: str, name: str, valid: Iterable[str], cls: type[Val
 
 
 def cache_dir() -> Path:
-    """Where eqvit keeps what it derives once per machine (parsed datasets, built kernels):
+    """Where eqvit keeps what it derives once per machine (parsed datasets):
     ``$EQVIT_CACHE``, default ``~/.cache/eqvit``."""
     return Path(os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser()

@@ -18,7 +18,6 @@ from randomise import randomise_
 from eqvit import models
 from eqvit.data.shallow_water import latlon_points
 from eqvit.groups import get_group
-from eqvit.kernels.so3 import SO3RotationKernel
 from eqvit.models.baselines import S2TransformerBaseline, default_theta_cutoff
 from eqvit.testing import EquivarianceError, assert_equivariant
 
@@ -291,6 +290,4 @@ def test_profile_stages_times_every_stage():
         "wigner",
         "wigner_per_order",
     } <= set(stages)
-    if SO3RotationKernel.load(warn=False) is not None:
-        assert {"wigner_kernel", "blocks_kernel"} <= set(stages)
     assert all(ms > 0 for ms in stages.values())

@@ -18,10 +18,8 @@ plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"
   final norm, unpatchify); the S2Transformer over it bounds the speed-up any ViT on these tokens
   can reach on this machine. ``--batches 1 4`` times every model at each batch size.
 * The candidate's inference form, ``eqvit.fuse(candidate)`` (``name[fused]``; ``--no-fused`` skips it),
-  timed with the others: its SO(3)-RoPE rotation runs the compiled CPU kernel
-  (:mod:`eqvit.kernels.so3`) where one builds, else it is the training form's matmul. The
-  ``fused_*`` ratios are those of the inference form, and the 1.05x targets (over the bare blocks, over
-  no RoPE) are held by it: the training form keeps plain PyTorch ops for autograd.
+  timed with the others: every layer's weights derived once (each layer's ``fold()``). The ``fused_*``
+  ratios are those of the inference form.
 * ``--profile``: the candidate's forward split into its stages (latitude encoding, lifting, the
   blocks with and without SO(3)-RoPE, the Wigner rotation alone, final norm + unpatchify), timed
   in interleaved rounds.
@@ -66,7 +64,6 @@ import torch
 
 from eqvit.bench import device as _device
 from eqvit.bench._paths import results_dir
-from eqvit.nn.fused_so3rope import KernelSO3RoPE
 
 DEFAULT_MODELS = [
     "s2transformer_4x128",
@@ -398,9 +395,7 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
     rotation of queries and keys alone (all blocks), in place on a qkv tensor as attention runs it;
     ``head`` the final norm and the unpatchify. The ``wigner_*`` stages time other forms of the same
     rotation on the same poses (:func:`rotation_variants`), the evidence for what the rotation can cost.
-    ``forward_fused``, ``lifting_fused`` and ``head_fused`` are the inference form's (:func:`eqvit.fuse`);
-    where its rotation runs the compiled kernel, ``wigner_kernel`` times that rotation alone and
-    ``blocks_kernel`` the blocks with it.
+    ``forward_fused``, ``lifting_fused`` and ``head_fused`` are the inference form's (:func:`eqvit.fuse`).
     """
     from eqvit import fuse
 
@@ -412,7 +407,6 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
         encoded = model.input_encoding(x)
         tokens = model.embed_tokens(encoded)
         rope = model.posenc.rope_for(encoded)
-        fused_rope = fused.posenc.rope_for(encoded)
         H = model.config["num_heads"]
         D = model.embed_dim // H
         qkv = torch.randn(batch, tokens.shape[1], 3, H, D, device=device)
@@ -444,9 +438,6 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
     if rope is not None and rope.pi is not None:
         stages["wigner"] = per_block(lambda t: rope.rotate_qk_stacked_(t[:, :, :2], 0))
         stages.update({f"wigner_{name}": per_block(rotate) for name, rotate in rotation_variants(rope).items()})
-    if isinstance(fused_rope, KernelSO3RoPE):
-        stages["blocks_kernel"] = lambda: blocks(fused_rope)
-        stages["wigner_kernel"] = per_block(lambda t: fused_rope.rotate_qk_stacked_(t[:, :, :2], 0))
     times: dict[str, list[float]] = {name: [] for name in stages}
     names = list(stages)
     with torch.no_grad():
