@@ -1,41 +1,41 @@
-"""The Fourier-basis inference form of Platonic models (``eqvit.fuse``, :mod:`eqvit.nn.fused_fourier`):
-the same function as the frame-basis model, exactly invariant, and chosen for the ViT-scale models."""
+"""The Fourier stream of Platonic image models (``stream="fourier"``, :mod:`eqvit.models.platonic`): the residual
+stream on the frames' Fourier coefficients, in training and folded. The same parameters and function as the
+frame stream, exactly invariant, and the default for the ViT-scale models."""
 
 from __future__ import annotations
 
-import sys
-
-import numpy as np
 import pytest
 import torch
 from randomise import randomise_
 
 import eqvit
 from eqvit.groups import get_group
-from eqvit.nn.fused_fourier import FourierFrameAttention, RegularBasis, stream_cost_ratio
-from eqvit.nn.fused_schur import FourierSlabMlp
+from eqvit.models.platonic import build_platonic, choose_stream, stream_cost_ratio
+from eqvit.nn.folded import FoldedSchurLinear
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.testing import assert_equivariant
-
-FUSE = sys.modules["eqvit.fuse"]  # the module (``eqvit.fuse`` is the function)
+from eqvit.nn.platonic import FourierPlatonicAttention
+from eqvit.nn.regular import RegularBasis
+from eqvit.testing import EquivarianceError, assert_equivariant
 
 CASES = [
     ("platonic_d4_small_patch16_tiny", {}),
     ("platonic_d4_base_patch16_tiny", {}),
-    ("platonic_image_tiny", {"posenc": "none"}),
-    ("platonic_image_tiny", {"init_values": 0.5}),  # LayerScale, kept as it is
+    ("platonic_image_tiny", {"posenc": "none", "stream": "fourier"}),
+    ("platonic_image_tiny", {"init_values": 0.5, "stream": "fourier"}),  # LayerScale
+    ("platonic_image_tiny", {"scores": "invariant", "stream": "fourier"}),
 ]
-
-
-@pytest.fixture
-def every_width(monkeypatch):
-    """The Fourier stream for the tiny test widths too."""
-    monkeypatch.setattr(FUSE, "FOURIER_STREAM_MIN_CHANNELS", 1)
 
 
 def _image(model: torch.nn.Module, batch: int = 2, dtype=torch.float64) -> torch.Tensor:
     side = model.domain.shape[0]
     return torch.randn(batch, model.tokenizer.in_chans, side, side, dtype=dtype)
+
+
+def _frames_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """The same model on the frame stream, loaded strictly with ``model``'s parameters."""
+    twin = build_platonic(**{**model.config, "stream": "frames"}).to(next(model.parameters()).dtype)
+    twin.load_state_dict(model.state_dict(), strict=True)
+    return twin
 
 
 @pytest.mark.parametrize("group", ["D4", "C4", "D2"])
@@ -50,60 +50,82 @@ def test_regular_basis_intertwines_frames_and_irreps(group):
         assert torch.allclose(frames.act(g, x) @ t, basis.ftype.act(g, x @ t), atol=1e-12)
 
 
-def test_stream_cost_ratio():
+def test_stream_cost_ratio_and_choice():
     assert stream_cost_ratio(get_group("D4")) == 12 / 64
     assert stream_cost_ratio(get_group("O")) == 64 / 576
-    assert stream_cost_ratio(get_group("I")) == 244 / 3600
+    assert stream_cost_ratio(get_group("C4")) == 6 / 16
+    D4 = get_group("D4")
+    assert choose_stream("auto", "image", D4, 48, "frames") == "fourier"
+    assert choose_stream("auto", "image", D4, 24, "frames") == "frames"  # the seed-sized model
+    assert choose_stream("auto", "image", get_group("C4"), 64, "frames") == "frames"  # 6/16: above the bound
+    assert choose_stream("auto", "points", get_group("O"), 64, "frames") == "frames"
+    with pytest.raises(ValueError, match="stream='fourier' applies to image models"):
+        choose_stream("fourier", "points", get_group("O"), 64, "frames")
+    with pytest.raises(ValueError, match="stream"):
+        choose_stream("spectral", "image", D4, 64, "frames")
 
 
 @pytest.mark.parametrize("name, kwargs", CASES)
-def test_fourier_stream_computes_the_same_function(every_width, name, kwargs):
-    model = randomise_(eqvit.create_model(name, **kwargs)).double().eval()
+def test_fourier_stream_computes_the_frame_streams_function(name, kwargs):
+    """Same state_dict, same outputs and gradients as the frame stream (float64)."""
+    model = randomise_(eqvit.create_model(name, **kwargs)).double()
+    assert isinstance(model.blocks[0].attn, FourierPlatonicAttention)
+    twin = _frames_twin(model)
     x = _image(model)
-    with torch.no_grad():
-        expected = model(x)
-        fused = eqvit.fuse(model)
-        got = fused(x)
-    assert all(isinstance(b.attn, FourierFrameAttention) and isinstance(b.mlp, FourierSlabMlp) for b in fused.blocks)
-    mlp = fused.blocks[0].mlp  # fc1 as Schur slabs: 12/64 of the dense group convolution's entries for D4
-    hidden = mlp.num_rows * mlp.row_width
-    w1 = sum(getattr(mlp, f"fc1_weight_{m}").numel() for m in range(len(mlp.fc1_plan)))
-    assert w1 == stream_cost_ratio(model.frames) * hidden * mlp.in_type.dim
-    assert (got - expected).abs().max() <= 1e-10 * expected.abs().max()
+    out, expected = model(x), twin(x)
+    assert (out - expected).abs().max() <= 1e-10 * expected.abs().max()
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    (out * weights).sum().backward()
+    (expected * weights).sum().backward()
+    twin_grads = dict(twin.named_parameters())
+    for key, p in model.named_parameters():
+        ref = twin_grads[key].grad
+        assert (p.grad - ref).abs().max() <= 1e-9 * (ref.abs().max() + 1e-12), key
 
 
 @pytest.mark.parametrize("name, kwargs", CASES[:3])
-def test_fourier_stream_is_invariant(every_width, name, kwargs):
-    fused = eqvit.fuse(randomise_(eqvit.create_model(name, **kwargs)).double())
-    assert isinstance(fused.blocks[0].attn, FourierFrameAttention)
-    assert_equivariant(fused, batch_size=1)  # float64: exact
+def test_fourier_stream_is_invariant_trained_and_folded(name, kwargs):
+    model = randomise_(eqvit.create_model(name, **kwargs)).double()
+    assert_equivariant(model, batch_size=1)  # float64: exact
+    fused = eqvit.fuse(model)
+    assert isinstance(fused.blocks[0].mlp.fc1, FoldedSchurLinear)
+    assert_equivariant(fused, batch_size=1)
     assert_equivariant(eqvit.fuse(randomise_(eqvit.create_model(name, **kwargs))), dtype=torch.float32, batch_size=1)
+    x = _image(model)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model.eval()(x), rtol=1e-10, atol=1e-12)
 
 
-def test_restricted_model_still_fuses(every_width):
-    """D4 -> C4 restriction of a model that fuses into the Fourier stream: the restricted model (C4
-    frames: Schur ratio 6/16, above the cost bound, so the frame form) computes the same function."""
+def test_a_broken_fourier_block_fails_the_check():
+    model = randomise_(eqvit.create_model("platonic_d4_small_patch16_tiny")).double()
+    with torch.no_grad():
+        frames = model.blocks[0].attn.to_frames
+        frames.add_(0.2 * torch.randn_like(frames))  # no longer the inverse transform of the q/k/v rows
+    with pytest.raises(EquivarianceError):
+        assert_equivariant(model, batch_size=1)
+
+
+def test_restricted_model_computes_the_same_function():
+    """D4 -> C4 restriction of a Fourier-stream model: the restricted model (on C4's frames) agrees."""
     model = randomise_(eqvit.create_model("platonic_d4_small_patch16_tiny")).double().eval()
     restricted = eqvit.restrict(model, "C4")
     x = _image(model)
     with torch.no_grad():
         expected = model(x)
-        fused = eqvit.fuse(restricted)
-        got = fused(x)
-    assert fused.frames.name == "C4"
+        got = restricted(x)
+        fused = eqvit.fuse(restricted)(x)
+    assert restricted.frames.name == "C4"
     assert (got - expected).abs().max() <= 1e-10 * expected.abs().max()
+    assert (fused - expected).abs().max() <= 1e-10 * expected.abs().max()
 
 
 def test_vit_scale_models_take_the_fourier_stream():
-    """At the default threshold the ViT-S/B Platonic models (48 and 96 channels per frame) take it and
-    the seed-sized D4 image model (24 channels per frame) keeps the dense frame form."""
     small = eqvit.create_model("platonic_d4_small_patch16_224", depth=1)
-    assert FUSE._fourier_stream_applies(small)
-    assert not FUSE._fourier_stream_applies(eqvit.create_model("platonic_image_s"))
-    fused = eqvit.fuse(small)
-    assert isinstance(fused.blocks[0].attn, FourierFrameAttention)
+    assert small.config["stream"] == "fourier" and isinstance(small.blocks[0].attn, FourierPlatonicAttention)
+    assert eqvit.create_model("platonic_image_s").config["stream"] == "auto"
+    assert not isinstance(eqvit.create_model("platonic_image_s").blocks[0].attn, FourierPlatonicAttention)
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
-        err = (fused(x) - small.eval()(x)).abs().max() / small(x).abs().max()
+        ref = small.eval()(x)
+        err = (eqvit.fuse(small)(x) - ref).abs().max() / ref.abs().max()
     assert err < 1e-4
-    assert np.isfinite(err.item())

@@ -175,7 +175,7 @@ def _legacy_embedding(ape: InvariantAPE, coefficients: list[torch.Tensor]) -> to
         B = torch.from_numpy(legacy_invariant_basis(ape._perms, blocks[n][1].matrices))
         parts[n] = ape.ftype.flatten_copies(torch.einsum("ck,kmd->mcd", coefficients[k].double(), B))
     p = torch.cat(parts, dim=-1)
-    return p @ ape._exact_masters["to_frames"] if isinstance(ape, FrameInvariantAPE) else p
+    return p @ ape._exact_masters["to_tokens"] if isinstance(ape, FrameInvariantAPE) else p
 
 
 def _legacy_coefficients(ape: InvariantAPE, p: torch.Tensor) -> list[torch.Tensor]:
@@ -198,7 +198,7 @@ def _legacy_state(model: torch.nn.Module, ape_name: str = "posenc") -> dict[str,
     with torch.no_grad():
         p = ape.embedding_reference().double()
     if isinstance(ape, FrameInvariantAPE):
-        p = p @ ape._exact_masters["to_frames"].T  # back to the irrep basis
+        p = p @ ape._exact_masters["to_tokens"].T  # back to the irrep basis
     for k, coeff in enumerate(_legacy_coefficients(ape, p)):
         state[f"{ape_name}.pos_embed.{k}"] = coeff
     return state

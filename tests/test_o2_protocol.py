@@ -129,7 +129,7 @@ def test_a_head_that_splits_an_irrep_copy_is_refused_and_would_break_equivarianc
     # bypass the check: the split E1 copy makes the layer non-equivariant, and the checker sees it
     attn = IrrepAttention(ftype, [np.array([0, 1, 2, 3])], attn_drop=0.0)
     attn.heads = [np.array([0, 1, 2]), np.array([3])]
-    attn._groups = [(0, 1, 3), (3, 1, 1)]
+    attn.head_groups = [(0, 1, 3), (3, 1, 1)]
     with pytest.raises(EquivarianceError):
         assert_equivariant(attn.eval(), dtype=torch.float64)
 

@@ -586,45 +586,7 @@ def test_layer_norm_matches_reference_with_gradients_and_eps():
             torch.testing.assert_close(norm(x), norm.forward_reference(x), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("center", [None, np.array([0, 3, 5, 9])], ids=["trivial", "restricted"])
-def test_reflected_norm_and_folds_equal_the_norm(center):
-    """Reading ``norm(x)`` through ``normalize_reflected(H x)`` and :meth:`fold`, writing through
-    :meth:`fold_output`: the same values and gradients as the plain norm and linear maps."""
-    G = get_group("D4")
-    V = FeatureType(G, [2, 1, 3, 1, 2])
-    norm = randomise_(IrrepLayerNorm(V, center=center)).double()
-    W = torch.randn(7, V.dim, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(7, dtype=torch.float64, requires_grad=True)
-    x = torch.randn(4, 3, V.dim, dtype=torch.float64, requires_grad=True)
-    y_ref = F.linear(norm(x + 0.5), W, b)
-    y = F.linear(norm.normalize_reflected(norm.reflect(x + 0.5)), *norm.fold(W, b))
-    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-12)
-    params = [x, W, b, *norm.parameters()]
-    for a, c in zip(_grads(y, params), _grads(y_ref, params)):
-        torch.testing.assert_close(a, c, rtol=0, atol=1e-10)
-    torch.testing.assert_close(norm.reflect(norm.reflect(x)), x, rtol=0, atol=1e-14)  # an involution
-    W_out = torch.randn(V.dim, 5, dtype=torch.float64)
-    h = torch.randn(2, 5, dtype=torch.float64)
-    for bias in (None, torch.randn(V.dim, dtype=torch.float64)):
-        out = F.linear(h, *norm.fold_output(W_out, bias))
-        torch.testing.assert_close(out, norm.reflect(F.linear(h, W_out, bias)), rtol=0, atol=1e-12)
-    # layer_norm of the reflected token is the reflected centred, scaled token: no other mean is removed
-    H = torch.eye(V.dim, dtype=torch.float64) - 2 * torch.outer(norm.reflect_row, norm.reflect_row)
-    z = x - (x @ norm.center_weights)[..., None] * norm.center_mask
-    expected = (z / z.square().mean(-1, keepdim=True).add(norm.eps).sqrt()) @ H
-    torch.testing.assert_close(norm.normalize_reflected(norm.reflect(x)), expected)
-
-
-def test_reflection_is_identity_when_every_coordinate_is_centred():
-    V = FeatureType.regular(get_group("C1"), 4)
-    norm = randomise_(IrrepLayerNorm(V)).double()
-    assert norm.reflect_row.abs().max() == 0
-    x = torch.randn(3, V.dim, dtype=torch.float64)
-    eye = torch.eye(V.dim, dtype=torch.float64)
-    torch.testing.assert_close(F.linear(norm.normalize_reflected(x), *norm.fold(eye, None)), norm(x))
-
-
-def _reflected_block_parts(layout: str):
+def _block_parts(layout: str):
     from eqvit.nn.irrep_blocks import irrep_block
 
     G = get_group("D4")
@@ -635,18 +597,16 @@ def _reflected_block_parts(layout: str):
 
 
 @pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
-def test_fused_block_on_the_reflected_stream_is_the_reflected_block(layout):
-    """The inference block reads and writes the stream ``H x``: ``H block(x)``, each norm one layer_norm."""
-    from eqvit.nn.fused import ReflectedIrrepBlock
-
-    V, block = _reflected_block_parts(layout)
+def test_folded_block_is_the_block_with_its_weights_fixed(layout):
+    """Each layer of a block folds by itself: the same function, weights fixed at fold time."""
+    V, block = _block_parts(layout)
     x = torch.randn(2, 5, V.dim, dtype=torch.float64)
-    reflect = block.norm1.reflect
     with torch.no_grad():
-        fused = ReflectedIrrepBlock(block, block.norm1.eps)
-        torch.testing.assert_close(reflect(fused(reflect(x))), block(x), rtol=0, atol=1e-11)
-        block.norm2.weight.add_(0.3)  # frozen: the fused block keeps the weights it was built with
-        assert rel_err(reflect(fused(reflect(x))), block(x)) > 1e-4
+        folded = eqvit.fuse(block)
+        torch.testing.assert_close(folded(x), block(x), rtol=0, atol=1e-11)
+        assert folded.norm1.in_type == block.norm1.in_type and folded.mlp.out_type == block.mlp.out_type
+        block.norm2.weight.add_(0.3)  # folded: the copy keeps the weights it was built with
+        assert rel_err(folded(x), block(x)) > 1e-4
 
 
 @pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3")])
@@ -664,31 +624,27 @@ def test_irrep_vit_equals_the_plain_composition(grid, group):
 
 
 @pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3"), ("square", "C1")])
-def test_fuse_folds_the_entry_reflection_into_the_embedding(grid, group):
-    from eqvit.nn.fused import ReflectedPlanarEmbedding
-
+def test_fused_model_keeps_the_interface(grid, group):
+    """forward_features, forward_head and the norms' inputs are what the unfused model computes."""
     model = randomise_(tiny(grid, group)).double().eval()
     shape = model.domain.shape if grid == "square" else (len(model.domain.points),)
     x = torch.randn(2, 3, *shape, dtype=torch.float64)
     with torch.no_grad():
-        embedding = ReflectedPlanarEmbedding(model.tokenizer, model.posenc, model.norm)
-        torch.testing.assert_close(embedding(x), model.norm.reflect(model.embed_tokens(x)), rtol=0, atol=1e-12)
         fused = eqvit.fuse(model)
-        assert isinstance(fused.tokenizer, ReflectedPlanarEmbedding) and not list(fused.parameters())
-        torch.testing.assert_close(fused(x), model(x), rtol=1e-12, atol=1e-12)
+        assert not any(p.requires_grad for p in fused.parameters())
+        torch.testing.assert_close(fused.embed_tokens(x), model.embed_tokens(x), rtol=1e-12, atol=1e-12)
+        features = model.forward_features(x)
+        torch.testing.assert_close(fused.forward_features(x), features, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(fused.forward_head(features), model.forward_head(features), rtol=1e-12, atol=1e-12)
 
 
-def test_fuse_keeps_the_plain_stream_when_a_norm_has_another_centre():
-    """The reflected stream needs one centre for every norm; otherwise fuse folds layer by layer."""
-    from eqvit.nn.fused import FrozenIrrepLayerNorm, ReflectedIrrepBlock
-
+def test_fuse_folds_a_norm_with_another_centre():
     model = randomise_(tiny("square", "D4")).double().eval()
     V = model.feature_type
     model.blocks[1].norm2 = randomise_(IrrepLayerNorm(V, center=V.trivial_index[:2])).double()
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     fused = eqvit.fuse(model)
-    assert not any(isinstance(m, ReflectedIrrepBlock) for m in fused.modules())
-    assert isinstance(fused.blocks[1].norm2, FrozenIrrepLayerNorm)
+    assert not isinstance(fused.blocks[1].norm2, IrrepLayerNorm)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x), rtol=1e-12, atol=1e-12)
 

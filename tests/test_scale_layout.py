@@ -17,7 +17,8 @@ from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads, irrepwise_heads
 from eqvit.nn.irrep_blocks import IrrepMlp
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import IrrepLinear, schur_apply
+from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.schur import apply_slabs
 from eqvit.testing import EquivarianceError, assert_equivariant
 
 GROUPS = ["D4", "C4", "D6", "O"]  # real-type 2-d irreps, complex type, two 2-d irreps, 3-d irreps
@@ -96,7 +97,7 @@ def test_schur_linear_costs_the_schur_minimum(group, ratio):
     x = torch.randn(10, V.dim)
     mats, biases = lin.schur_mats(), lin.schur_biases()  # (the two-matrix forms are built once per call)
     with FlopCounterMode(display=False) as counter:
-        y = schur_apply(x, lin._in_sizes, lin._terms, mats, biases)
+        y = apply_slabs(x, lin.plan, mats, biases)
     torch.testing.assert_close(y, lin(x))
     assert counter.get_total_flops() == round(ratio * 2 * 10 * V.dim**2)
 
@@ -127,7 +128,7 @@ def test_schur_attention_and_mlp_match_the_dense_forms(group):
     torch.testing.assert_close(attn(x), attn.attend(x, *attn.fused_weights()))
     assert_equivariant(attn)
     gathered = IrrepAttention(V, irrepwise_heads(V, 2))  # heads laid out by index_select
-    assert gathered.schur and gathered._slab_heads is None and attn._slab_heads is not None
+    assert gathered.schur and gathered.slab_heads is None and attn.slab_heads is not None
     torch.testing.assert_close(gathered(x), gathered.attend(x, *gathered.fused_weights()))
     assert_equivariant(gathered)
     hidden, basis, _ = homogeneous_fourier_basis(G, [("regular", 8)], layout="components")

@@ -13,6 +13,10 @@ scheme (:class:`~eqvit.nn.posenc.frame_rope.FrameRoPE`):
 ``embed_dim`` is the total width ``|G| * C`` (the seed matches it across groups, so every model of
 a size has the computation graph of a standard ViT of that width); ``num_heads`` is per frame and
 defaults to ``max(1, 12 // |G|)`` (one head per frame for T, O, I; 12 heads for the trivial group).
+
+Image models keep their residual stream on the frames or on the frames' Fourier coefficients
+(``stream``, :mod:`eqvit.nn.platonic`): the same parameters and function, the Fourier stream computing
+the group convolutions as Schur block matmuls (12/64 of the dense multiply-adds for D4 frames).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from eqvit.nn.layers import Block
 from eqvit.nn.platonic import SCORES, FramePoolDense, InvariantPoolHead, platonic_block
 from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding, NoPositionalEncoding, PositionalScheme
 from eqvit.nn.posenc.invariant import FrameInvariantAPE
-from eqvit.nn.regular import RegularLayerNorm
+from eqvit.nn.regular import FourierLayerNorm, RegularBasis, RegularLayerNorm
 from eqvit.nn.tokenizers.icosphere import IcosphereUnpatchify
 from eqvit.nn.tokenizers.platonic import (
     CentredPoints,
@@ -53,6 +57,12 @@ from eqvit.utils import unknown_name_error
 SPATIAL_FRAMES = ("trivial", "T", "O", "I")
 IMAGE_FRAMES = ("C1", "C2", "C4", "D1", "D2", "D4")
 ATTENTIONS = ("frames", "coupled", "irrepwise")
+STREAMS = ("auto", "frames", "fourier")
+# stream="auto" keeps image models' residual stream in the Fourier basis from this many channels per frame on
+# (below it the Schur form's per-irrep matmuls are too small to beat one dense matmul) and for groups whose
+# Schur linears cost at most FOURIER_STREAM_MAX_COST of the dense ones (D4: 12/64; C4: 6/16 does not pay).
+FOURIER_STREAM_MIN_CHANNELS = 32
+FOURIER_STREAM_MAX_COST = 0.2
 POSENCS = {
     "points": ("frame_rope", "none"),
     "image": ("invariant_ape", "frame_rope", "none"),
@@ -141,6 +151,34 @@ def _channels(group: FiniteGroup, embed_dim: int, num_heads: int) -> int:
     return channels
 
 
+def stream_cost_ratio(group: FiniteGroup) -> float:
+    """Multiply-adds of a group convolution in the Fourier basis relative to the dense one: irrep rho has
+    ``m = d_rho / type_factor`` copies in the regular representation; its block costs ``d_rho m^2`` for real
+    type and ``(d_rho m)^2`` for the two-matrix form of the others, over ``|G|^2``. D4: 12 / 64, O: 64 / 576."""
+    total = 0
+    for rho in group.irreps:
+        m = rho.dim // rho.type_factor
+        total += (rho.dim * m * m) if rho.type == "real" else (rho.dim * m) ** 2
+    return total / group.order**2
+
+
+def choose_stream(stream: str, kind: str, group: FiniteGroup, channels: int, attention: str) -> str:
+    """``"frames"`` or ``"fourier"``: the residual stream's basis (:data:`STREAMS`; ValueError where the Fourier
+    stream does not apply: point clouds, the sphere, irrep-wise heads)."""
+    if stream not in STREAMS:
+        raise unknown_name_error("stream", stream, STREAMS)
+    supported = kind == "image" and attention in ("frames", "coupled")
+    if stream == "auto":
+        pays = channels >= FOURIER_STREAM_MIN_CHANNELS and stream_cost_ratio(group) <= FOURIER_STREAM_MAX_COST
+        return "fourier" if supported and pays else "frames"
+    if stream == "fourier" and not supported:
+        raise ValueError(
+            f"stream='fourier' applies to image models with attention 'frames' or 'coupled', got kind={kind!r} "
+            f"with attention={attention!r}; use stream='frames'"
+        )
+    return stream
+
+
 def _blocks(group: FiniteGroup, channels: int, num_heads: int, options: dict[str, Any], attention: str, rope: bool):
     """Blocks with the ``attention`` layout: frames (scores per frame) and coupled (one score over all
     frames of a channel group, the seed's invariant scores) are :class:`PlatonicAttention`; irrep-wise
@@ -202,6 +240,7 @@ def build_platonic(
     residual: bool = False,
     num_points: int = 64,
     head_pool: str | None = None,
+    stream: str = "auto",
 ) -> EquivariantViT:
     """Build a Platonic Transformer of ``kind`` ``"points"``, ``"image"`` or ``"sphere"``.
 
@@ -213,7 +252,8 @@ def build_platonic(
     (heads over all frames of a channel group; ``scores="invariant"``) or ``"irrepwise"`` (heads per irrep
     after the Fourier transform of q, k, v); None takes it from ``scores``. ``posenc``: ``"frame_rope"``,
     ``"none"``, or for images ``"invariant_ape"`` (the O(2) seed's invariant APE built in the irrep basis
-    and mapped to the frames).
+    and mapped to the frames). ``stream``: the residual stream on the frames, on their Fourier coefficients,
+    or ``"auto"`` (:func:`choose_stream`).
     """
     config = {k: v for k, v in locals().items()}
     check_model_args(config)
@@ -255,6 +295,7 @@ def build_platonic(
         step = frames.order * heads * 2
         embed_dim = max(step, step * round(target_width / step))
     channels = _channels(frames, embed_dim, heads)
+    basis = choose_stream(stream, kind, frames, channels, attention)
     options = dict(
         mlp_ratio=mlp_ratio,
         qkv_bias=qkv_bias,
@@ -265,6 +306,7 @@ def build_platonic(
         fused_attn=fused_attn,
         scores=scores,
         impl=impl,
+        basis=basis,
     )
     common = dict(
         embed_dim=embed_dim,
@@ -272,7 +314,11 @@ def build_platonic(
         num_heads=heads,
         drop_rate=drop_rate,
         block_fn=_blocks(frames, channels, heads, options, attention, posenc == "frame_rope"),
-        norm_layer=RegularLayerNorm(frames.order, channels),
+        norm_layer=(
+            RegularLayerNorm(frames.order, channels)
+            if basis == "frames"
+            else FourierLayerNorm(RegularBasis(frames, channels))
+        ),
         group=symmetry,
         in_chans=in_chans,
         fused_attn=fused_attn,
@@ -302,15 +348,18 @@ def build_platonic(
             **common,
         )
     elif kind == "image":
-        tokenizer = LiftedSquarePatchEmbed(frames, img_size, patch_size, in_chans, channels)
+        tokenizer = LiftedSquarePatchEmbed(frames, img_size, patch_size, in_chans, channels, basis)
         side = img_size // patch_size
         rope_args.update(min_wavelength=min_wavelength or 2.0, max_wavelength=max_wavelength or 4.0 * side)
-        head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "max")
+        head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "max", basis=basis)
+        coefficients = RegularBasis(frames, channels) if basis == "fourier" else None
         model = EquivariantViT(
             tokenizer=tokenizer,
             head=head,
             posenc=(
-                FrameInvariantAPE(frames, tokenizer.positions.numpy().copy(), FeatureType.frames(frames, channels))
+                FrameInvariantAPE(
+                    frames, tokenizer.positions.numpy().copy(), FeatureType.frames(frames, channels), coefficients=coefficients
+                )
                 if posenc == "invariant_ape"
                 else scheme(tokenizer.positions)
             ),
@@ -324,7 +373,7 @@ def build_platonic(
             token_grid=PointDomain(
                 square_patch_layout(img_size, patch_size)[1], shape=(side, side), name=f"the {side}x{side} patch grid"
             ),
-            token_type=FeatureType.frames(frames, channels),
+            token_type=tokenizer.out_type,
             feature_reduction=patch_size,
             **common,
         )
@@ -348,7 +397,23 @@ def build_platonic(
             **common,
         )
     model.frames = frames
+    model.stream = basis
     return model
+
+
+def on_frame_stream(model: EquivariantViT) -> EquivariantViT:
+    """``model`` with its residual stream on the frames (itself when it is there already): a new model built
+    from ``model.config`` with ``stream="frames"``, holding the same parameters (strictly loaded), dtype,
+    device, mode and timm configuration. Restriction to a subgroup starts from it."""
+    if getattr(model, "stream", "frames") == "frames":
+        return model
+    like = next(model.parameters())
+    twin = build_platonic(**{**model.config, "stream": "frames"}).to(device=like.device, dtype=like.dtype)
+    twin.load_state_dict(model.state_dict(), strict=True)
+    for key in ("default_cfg", "pretrained_cfg"):
+        if hasattr(model, key):
+            setattr(twin, key, dict(getattr(model, key)))
+    return twin.train(model.training)
 
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:

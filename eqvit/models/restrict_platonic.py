@@ -522,8 +522,10 @@ def restrict_platonic(model: nn.Module, subgroup: str | FiniteGroup | np.ndarray
         A new model (same dtype, device and train/eval mode) with ``.frames`` the subgroup, ``.group``
         the symmetry it keeps, and ``|G:H|`` times the channels per frame.
     """
+    from eqvit.models.platonic import on_frame_stream
     from eqvit.models.restrict import find_subgroup
 
+    model = on_frame_stream(model)  # restriction acts on frame features
     G = model.frames
     H = find_subgroup(G, subgroup)
     scores = {_scores(blk.attn) for blk in model.blocks}
@@ -542,6 +544,7 @@ def restrict_model_children(model: nn.Module, context: RestrictionContext) -> nn
     G, H = context.G, context.H
     new = restrict_children(model, context)
     new.frames = H
+    new.stream = "frames"
     new.group = _symmetry(model, H)
     if getattr(model, "token_type", None) is not None:
         new.token_type = context.feature_type(model.token_type.channels)

@@ -45,7 +45,7 @@ def _o2(variant: str, model_args: dict[str, Any], kwargs: dict[str, Any]) -> Equ
 
 
 def _plat(variant: str, model_args: dict[str, Any], kwargs: dict[str, Any]) -> EquivariantViT:
-    args = dict(dict(kind="image", group="D4", in_chans=3, **_NO_DROP), **model_args)
+    args = dict(dict(kind="image", group="D4", in_chans=3, stream="fourier", **_NO_DROP), **model_args)
     return _platonic._create(variant, **dict(args, **kwargs))
 
 

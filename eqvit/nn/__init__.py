@@ -11,6 +11,8 @@ from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.platonic import (
     FramePool,
     FramePoolDense,
+    FourierPlatonicAttention,
+    FourierToFrames,
     InvariantPoolHead,
     PlatonicAttention,
     PlatonicMlp,
@@ -24,7 +26,15 @@ from eqvit.nn.posenc import (
     PositionalScheme,
     SO3RoPE,
 )
-from eqvit.nn.regular import GroupConvLinear, LiftToGroup, RegularLayerNorm, RegularLayerScale, frame_action
+from eqvit.nn.regular import (
+    FourierLayerNorm,
+    GroupConvLinear,
+    LiftToGroup,
+    RegularBasis,
+    RegularLayerNorm,
+    RegularLayerScale,
+    frame_action,
+)
 
 __all__ = [
     "Attention",
@@ -33,6 +43,9 @@ __all__ = [
     "FeatureGather",
     "FeatureType",
     "FourierActivation",
+    "FourierLayerNorm",
+    "FourierPlatonicAttention",
+    "FourierToFrames",
     "FramePool",
     "FramePoolDense",
     "FrameRoPE",
@@ -51,6 +64,7 @@ __all__ = [
     "PlatonicAttention",
     "PlatonicMlp",
     "PositionalScheme",
+    "RegularBasis",
     "RegularLayerNorm",
     "RegularLayerScale",
     "SO3RoPE",

@@ -156,7 +156,7 @@ class FourierActivation(ExactBuffers):
             start += count * size
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
-    def fold(
+    def fold_into_linears(
         self, w_in: torch.Tensor, b_in: torch.Tensor | None, w_out: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Fold the Fourier transforms into the adjacent linear maps (an MLP's fc1 and fc2).

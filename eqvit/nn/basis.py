@@ -128,7 +128,7 @@ class AttentionInBasis(ExactBuffers):
     """An attention layer run in another basis of its features: ``inner(x @ A, rope) @ A^T``.
 
     ``A = outer_type.fourier`` (frames -> the irrep basis), so irrep-wise heads serve Platonic
-    frame features. ``eqvit.fuse`` folds ``A`` into the inner layer's projections.
+    frame features. :meth:`fold` folds ``A`` into the inner layer's projections.
 
     Args:
         inner: the attention on ``x @ A`` (its ``in_type`` is the type of those coordinates).
@@ -156,6 +156,16 @@ class AttentionInBasis(ExactBuffers):
     def forward(self, x: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         a = self.to_inner.to(x.dtype)
         return self.inner(x @ a, rope, num_prefix_tokens) @ a.T
+
+    def fold(self) -> torch.nn.Module:
+        """The inference form: ``A`` folded into the inner attention's qkv columns and projection rows, its
+        dense weights fixed (:class:`~eqvit.nn.folded.FoldedIrrepAttention`)."""
+        from eqvit.nn.folded import FoldedIrrepAttention
+
+        a = self.to_inner
+        qkv_w, qkv_b, proj_w, proj_b = self.inner.fused_weights()
+        weights = (qkv_w @ a.T, qkv_b, a.to(proj_w.dtype) @ proj_w, None if proj_b is None else a @ proj_b)
+        return FoldedIrrepAttention(self.inner, weights, in_type=self.in_type)
 
 
 def permutation_matrix(perm: np.ndarray) -> np.ndarray:

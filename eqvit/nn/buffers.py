@@ -22,10 +22,13 @@ class ExactBuffers(nn.Module):
         super().__init__()
         self._exact_masters: dict[str, torch.Tensor] = {}
 
-    def register_exact_buffer(self, name: str, value: torch.Tensor) -> None:
+    def register_exact_buffer(self, name: str, value: torch.Tensor, like: torch.Tensor | None = None) -> None:
+        """Register ``value``'s float64 master and a non-persistent buffer cast from it: to the default dtype,
+        or to ``like``'s dtype and device."""
         master = value.detach().to(device="cpu", dtype=torch.float64)
         self._exact_masters[name] = master
-        self.register_buffer(name, master.to(torch.get_default_dtype()), persistent=False)
+        cast = master.to(torch.get_default_dtype()) if like is None else master.to(like.device, like.dtype)
+        self.register_buffer(name, cast, persistent=False)
 
     def __setattr__(self, name: str, value) -> None:
         # Assigning a new tensor to an exact buffer replaces its master too, so a later

@@ -15,13 +15,14 @@ one per head size for irrep-wise); q/k/v and the output projection are :class:`I
 forwards, chosen at construction:
 
 * ``components`` layout (heads in the irrep basis): q, k and v are one Schur block matmul per slab
-  with the three weights stacked (:func:`~eqvit.nn.linear.schur_apply`), one ``index_select`` lays
+  with the three weights stacked (:func:`~eqvit.nn.schur.apply_slabs`), one ``index_select`` lays
   the heads side by side, and one more puts the heads' outputs back in storage order for the
   Schur projection: ``(12/64) x`` timm's multiply-adds for D4 regular features.
 * otherwise one fused dense ``[3 dim, dim]`` qkv matrix (like timm) and one projection, the head
   order folded into their rows/columns; these dense matrices are built on every call.
 
-eqvit.fuse fixes the weights of either.
+:meth:`IrrepAttention.fold` fixes the dense weights; in the ``components`` layout the q/k/v and projection
+linears fold themselves.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from torch import nn
 
 from eqvit.nn.basis import FrameRotary, HeadBasis, IdentityBasis, NoRotary, permutation_matrix
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.linear import IrrepLinear, schur_apply, schur_slabs
+from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.schur import SlabPlan, apply_slabs, slab_outputs
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 ATTENTION_LAYOUTS = ("coupled", "irrepwise", "frames")
@@ -228,11 +230,11 @@ class IrrepAttention(nn.Module):
         # Heads sorted by size and laid side by side: ``perm`` lists their coordinates in that order.
         # It is folded into the q/k/v rows and the projection's columns, so no gathers are needed.
         sizes = sorted({len(h) for h in self.heads})
-        self._groups = []  # (start, heads, size)
+        self.head_groups = []  # (start, heads, size)
         order, start = [], 0
         for size in sizes:
             members = [h for h in self.heads if len(h) == size]
-            self._groups.append((start, len(members), size))
+            self.head_groups.append((start, len(members), size))
             order += members
             start += len(members) * size
         perm = np.concatenate(order)
@@ -249,7 +251,8 @@ class IrrepAttention(nn.Module):
         self.schur = basis is None and self.q.schur
         self._impl = _schur_attention if self.schur else _dense_attention
         if self.schur:
-            self._qkv_terms = _stacked_terms(self.q._terms)
+            plan = self.q.plan
+            self.qkv_plan = SlabPlan(plan.in_sizes, tuple((s, 3 * width) for s, width in plan.terms))
             # Stacked q/k/v slabs: output slab t holds q, k, v of its coordinates one after another.
             internal = np.zeros((3, ftype.dim), dtype=np.int64)
             pos = 0
@@ -265,11 +268,15 @@ class IrrepAttention(nn.Module):
             # Coupled heads (every head the same chunk of copies of every slab): the heads are laid
             # side by side by reshapes and one cat, no gather (index_select on the last axis is slow).
             h = len(self.heads)
-            coupled = len(self._groups) == 1 and all(c % h == 0 for _, _, c, _ in ftype.blocks())
+            coupled = len(self.head_groups) == 1 and all(c % h == 0 for _, _, c, _ in ftype.blocks())
             coupled = coupled and all(np.array_equal(a, b) for a, b in zip(self.heads, coupled_heads(ftype, h)))
             # (components d_t, copies per head c_t) of every q/k/v output slab: d_t = 1 for real type.
-            self._slab_heads = (
-                [(1 if rho.type == "real" else rho.dim, c // h) for i, rho, c, _ in self.q._out_slab_irreps()]
+            self.slab_heads = (
+                [
+                    (1 if rho.type == "real" else rho.dim, c // h)
+                    for _, rho, c, _ in ftype.blocks()
+                    for _ in range(rho.dim if rho.type == "real" else 1)
+                ]
                 if coupled
                 else None
             )
@@ -302,8 +309,8 @@ class IrrepAttention(nn.Module):
     def schur_qkv(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
         """``(matrices, biases)`` of the stacked q/k/v Schur slabs (``components`` layout)."""
         mods = self._modules
-        mats = [m.schur_mats() for m in (mods["q"], mods["k"], mods["v"])]
-        biases = [m.schur_biases() for m in (mods["q"], mods["k"], mods["v"])]
+        weights = [mods[name].slab_weights() for name in ("q", "k", "v")]
+        mats, biases = [w[0] for w in weights], [w[1] for w in weights]
         stacked = [None if ws[0] is None else torch.cat(ws, dim=0) for ws in zip(*mats)]
         bias = []
         for bs, w in zip(zip(*biases), stacked):
@@ -318,6 +325,15 @@ class IrrepAttention(nn.Module):
         """``x [B, N, dim] -> [B, N, dim]``."""
         return self._impl(self, x, rope, num_prefix_tokens)
 
+    def fold(self) -> nn.Module:
+        """The inference form: the dense qkv and projection fixed (:class:`~eqvit.nn.folded.FoldedIrrepAttention`);
+        in the ``components`` layout the layer itself, its q/k/v and projection folding themselves."""
+        if self.schur:
+            return self
+        from eqvit.nn.folded import FoldedIrrepAttention
+
+        return FoldedIrrepAttention(self, self.fused_weights())
+
     def attend_schur(
         self,
         x: torch.Tensor,
@@ -330,9 +346,9 @@ class IrrepAttention(nn.Module):
         """The ``components``-layout attention with given stacked q/k/v slab matrices and projection."""
         buffers = self._buffers
         return schur_attend(
-            x, self._modules["q"]._in_sizes, self._qkv_terms, qkv_mats, qkv_biases, buffers["qkv_index"],
-            buffers["out_index"], self.rotary, self._groups, self.sdpa, proj, rope, num_prefix_tokens,
-            self._slab_heads,
+            x, self.qkv_plan, qkv_mats, qkv_biases, buffers["qkv_index"],
+            buffers["out_index"], self.rotary, self.head_groups, self.sdpa, proj, rope, num_prefix_tokens,
+            self.slab_heads,
         )  # fmt: skip
 
     def attend(
@@ -348,13 +364,12 @@ class IrrepAttention(nn.Module):
         """``x [B, N, dim] -> [B, N, dim]`` with given fused weights (:meth:`fused_weights` or a folded form)."""
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
         qkv = self.rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
-        return F.linear(attend_heads(qkv, self._groups, self.sdpa), proj_w, proj_b)
+        return F.linear(attend_heads(qkv, self.head_groups, self.sdpa), proj_w, proj_b)
 
 
 def schur_attend(
     x: torch.Tensor,
-    in_sizes: list[int],
-    terms: list,
+    plan: SlabPlan,
     mats: list,
     biases: list,
     qkv_index: torch.Tensor,
@@ -373,22 +388,22 @@ def schur_attend(
     laid out by reshapes and one ``cat`` each way; otherwise by ``index_select`` with ``qkv_index`` /
     ``out_index``."""
     if slab_heads is None:
-        qkv = schur_apply(x, in_sizes, terms, mats, biases).index_select(-1, qkv_index)
+        qkv = apply_slabs(x, plan, mats, biases).index_select(-1, qkv_index)
         qkv = rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
         return proj(attend_heads(qkv, groups, sdpa).index_select(-1, out_index))
     _, h, size = groups[0]
     # Slab t holds (q|k|v, component, copy): [..., 3, d, h, c] -> heads [..., 3, h, d c].
-    slabs = schur_slabs(x, in_sizes, terms, mats, biases)
+    slabs = slab_outputs(x, plan, mats, biases)
     pieces = [s.unflatten(-1, (3, d, h, c)).transpose(-3, -2).flatten(-2) for s, (d, c) in zip(slabs, slab_heads)]
     qkv = rotary(torch.cat(pieces, dim=-1).flatten(-3), rope, num_prefix_tokens)
     heads = attend_heads(qkv, groups, sdpa).unflatten(-1, (h, size))
     parts = heads.split([d * c for d, c in slab_heads], dim=-1)
     # Back to storage: [..., h, d, c] -> [..., d, h c], the projection's input slabs.
-    return proj.apply_to_slabs([p.unflatten(-1, dc).transpose(-3, -2).flatten(-3) for p, dc in zip(parts, slab_heads)])
-
-
-def _stacked_terms(terms: list) -> list:
-    return [(s, 3 * width) for s, width in terms]
+    return apply_slabs(
+        [p.unflatten(-1, dc).transpose(-3, -2).flatten(-3) for p, dc in zip(parts, slab_heads)],
+        proj.plan,
+        *proj.slab_weights(),
+    )
 
 
 def _dense_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens: int) -> torch.Tensor:

@@ -11,27 +11,55 @@ from torch import nn
 
 from eqvit.nn.activation import FourierActivation
 from eqvit.nn.buffers import ExactBuffers
-from eqvit.nn.fourier_mlp import mlp_plan, schur_fourier_mlp
 from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, check_num_classes
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
+from eqvit.nn.schur import rows_in, rows_out
+
+
+def rows_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
+    """Whether :func:`rows_mlp` takes these layers: Schur linears (``plan`` and ``slab_weights``) around a
+    strided :class:`FourierActivation` whose hidden slabs are whole coefficient rows."""
+    if not (hasattr(fc1, "plan") and hasattr(fc2, "plan") and getattr(act, "strided", False)):
+        return False
+    n = act.ftype.dim // act.slab_inverse.shape[0]
+    out_starts, start = [], 0
+    for _, width in fc1.plan.terms:
+        out_starts.append((start, width))
+        start += width
+    in_slabs = zip(fc2.plan.in_offsets, fc2.plan.in_sizes)
+    return all(a % n == 0 and w % n == 0 for a, w in [*out_starts, *in_slabs])
+
+
+def rows_mlp(fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``fc2(FT sigma FT^-1 fc1(x))`` with the hidden features as coefficient rows ``[s, T, n]``
+    (:func:`~eqvit.nn.schur.rows_out`): the transform to the values on the orbits and back is one
+    ``[s, s] @ [s, T n]`` GEMM each way, not a small matmul per token. ``x [..., in] -> [..., out]``."""
+    buffers = act._buffers
+    to_values, from_values = buffers["slab_inverse"], buffers["slab_forward"]
+    s = to_values.shape[0]
+    n = act.ftype.dim // s
+    flat = x.reshape(-1, x.shape[-1])
+    rows = rows_out(flat, fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
+    values = act.act(torch.mm(to_values, rows.flatten(1)))  # sigma on the orbits' points
+    rows = torch.mm(from_values, values).view(s, -1, n)
+    return rows_in(rows, fc2.plan, *fc2.slab_weights()).view(*x.shape[:-1], fc2.plan.out_dim)
 
 
 class IrrepMlp(nn.Module):
     """``l2 o FT sigma FT^-1 o l1`` with hidden features ``C(X, R)`` (Sec. 4.3.2).
 
-    Two forwards, chosen at construction. With ``components``-layout types (Schur linears) it is
-    ``fc2(act(fc1(x)))``: block matmuls, and the transforms as one small ``[|X_s|, |X_s|]`` matmul per
-    token and orbit around the GELU (:class:`FourierActivation`), so the linears stay block-sparse; with a
-    GELU the whole MLP runs on coefficient rows (:func:`~eqvit.nn.fourier_mlp.schur_fourier_mlp`: one GEMM
-    per transform, batched matmuls on runs of slabs, one hidden-sized tensor kept for backward).
-    Otherwise it folds the Fourier transforms into the linear maps (:meth:`FourierActivation.fold`):
+    Three forwards, chosen at construction. With ``components``-layout types (Schur linears) and a strided
+    Fourier nonlinearity (copies of one homogeneous space) the hidden features are coefficient rows
+    (:func:`rows_mlp`); with other Schur layouts it is ``fc2(act(fc1(x)))``, the transforms one small
+    ``[|X_s|, |X_s|]`` matmul per token and orbit around the GELU (:class:`FourierActivation`).
+    Otherwise it folds the Fourier transforms into the linear maps (:meth:`FourierActivation.fold_into_linears`):
     ``W1' = FT^-1 W1``, ``W2' = W2 FT``, exactly a dense MLP of hidden width |X| with the pointwise
     ``sigma`` (the shape of a timm ``Mlp``); the folded weights are recomputed on every call
-    (``eqvit.fuse`` freezes them for inference).
+    (:meth:`fold` fixes them for inference).
     """
 
     def __init__(self, ftype: FeatureType, activation: FourierActivation) -> None:
@@ -45,26 +73,36 @@ class IrrepMlp(nn.Module):
     def select_forward(self) -> None:
         """Pick the forward for the current layers (at construction, and after they are replaced, e.g. by
         restriction to a subgroup): the folded dense MLP, or for Schur linears the row form when the
-        activation is a strided GELU (:func:`~eqvit.nn.fourier_mlp.schur_fourier_mlp`), else the plain chain."""
+        activation is strided (:func:`rows_mlp`), else the plain chain."""
         fc1, act, fc2 = self._modules["fc1"], self._modules["act"], self._modules["fc2"]
         self.schur = fc1.schur and fc2.schur
-        self._rows_plan = mlp_plan(fc1, act, fc2) if self.schur else None
-        self._impl = (_rows_mlp if self._rows_plan is not None else _schur_mlp) if self.schur else _folded_mlp
+        rows = self.schur and rows_mlp_applies(fc1, act, fc2)
+        self._impl = (_rows_mlp if rows else _schur_mlp) if self.schur else _folded_mlp
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(W1' [|X|, dim], b1', W2' [dim, |X|], b2)`` of the dense MLP on values over X."""
         (w1, b1), (w2, b2) = self._modules["fc1"].dense(), self._modules["fc2"].dense()
-        return (*self.act.fold(w1, b1, w2), b2)
+        return (*self.act.fold_into_linears(w1, b1, w2), b2)
 
     def forward_with(
         self, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None
     ) -> torch.Tensor:
-        """``x [..., dim] -> [..., dim]`` with given folded weights (:meth:`folded_weights` or a reflected form)."""
+        """``x [..., dim] -> [..., dim]`` with given folded weights (:meth:`folded_weights`)."""
         return F.linear(self.act.act(F.linear(x, w1, b1)), w2, b2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., dim] -> [..., dim]``."""
         return self._impl(self, x)
+
+    def fold(self) -> nn.Module:
+        """The inference form: the folded dense MLP fixed; with Schur linears the layer itself, its linears
+        folding themselves."""
+        if self.schur:
+            return self
+        from eqvit.nn.folded import FoldedMlp
+
+        w1, b1, w2, b2 = self.folded_weights()
+        return FoldedMlp(w1, b1, self.act.act, w2, b2, in_type=self.in_type)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """``fc2(FT sigma FT^-1 fc1(x))`` with the dense Fourier basis (eq. 10)."""
@@ -82,7 +120,7 @@ def _schur_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
 
 def _rows_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
     mods = m._modules
-    return schur_fourier_mlp(m._rows_plan, mods["fc1"], mods["act"], mods["fc2"], x)
+    return rows_mlp(mods["fc1"], mods["act"], mods["fc2"], x)
 
 
 def irrep_block(
@@ -127,7 +165,7 @@ class InvariantHead(ExactBuffers):
     classifier. A restricted model passes its parent's grouping: ``trivial`` coordinates and
     ``groups`` (coordinate sets whose Euclidean norms are taken).
 
-    ``eqvit.fuse`` folds the classifier into two matrices, ``logits = cls @ A + sqrt(cls^2 @ S) @
+    :meth:`fold` folds the classifier into two matrices, ``logits = cls @ A + sqrt(cls^2 @ S) @
     W_norms^T + b`` (``A`` reads the trivial coordinates, ``S`` sums squares per group, both kept here
     as buffers): four small ops instead of gathers, padding and concatenation.
 
@@ -204,3 +242,9 @@ class InvariantHead(ExactBuffers):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, N, dim] -> logits [B, num_classes]`` (the invariants when ``num_classes`` is 0)."""
         return self.fc(self.pre_logits(tokens))
+
+    def fold(self) -> nn.Module:
+        """The inference form: the invariants read by two matrices and the classifier folded into them."""
+        from eqvit.nn.folded import FoldedInvariantHead
+
+        return FoldedInvariantHead(self)

@@ -7,23 +7,20 @@ irrep only mixes channels (``w (x) I``), a complex-type irrep uses ``w1 (x) I + 
 Two forwards, chosen at construction from the feature types' layouts:
 
 * both types in the ``"components"`` layout (:mod:`eqvit.nn.irrep_features`): block matmuls at the
-  Schur minimum. A real-type irrep's block ``w (x) I`` acts on the ``[d, C]`` component-major block as
-  one ``[C'', C']`` matmul per component slab (``sum_rho d_rho C''_rho C'_rho`` multiply-adds); a
-  complex or quaternionic block ``sum_k L_k (x) w_k`` is one ``[d C'', d C']`` matmul (its two- or
-  four-matrix form, ``d^2 C'' C'`` = ``type_factor * d * C'' C'``). The input is cut into slabs by one
-  ``split`` (views; its backward is one ``cat``) and the outputs joined by one ``cat``
-  (:func:`schur_apply`). For D4 regular features that is 12/64 of the dense multiply-adds.
+  Schur minimum (:mod:`eqvit.nn.schur`). A real-type irrep's block ``w (x) I`` acts on the ``[d, C]``
+  component-major block as one ``[C'', C']`` matmul per component slab (``sum_rho d_rho C''_rho C'_rho``
+  multiply-adds); a complex or quaternionic block ``sum_k L_k (x) w_k`` is one ``[d C'', d C']`` matmul (its
+  two- or four-matrix form, ``d^2 C'' C'`` = ``type_factor * d * C'' C'``). For D4 regular features that is
+  12/64 of the dense multiply-adds.
 * otherwise one ``F.linear`` on the dense matrix, assembled by one gather from the flat parameter
   vector (``W = sum_k theta[index_k] * coef_k``, ``k < dim End``) on every call.
 
-``eqvit.fuse`` fixes either for inference.
+:meth:`IrrepLinear.fold` fixes either for inference (:func:`eqvit.fuse`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -31,56 +28,7 @@ from torch import nn
 
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
-
-SchurTerm = tuple[int, int]
-"""``(input slab index or -1 for a zero output, output width)`` of one output slab of :func:`schur_apply`."""
-
-
-def schur_slabs(
-    x: torch.Tensor | Sequence[torch.Tensor],
-    sizes: list[int],
-    terms: list[SchurTerm],
-    mats: list[torch.Tensor | None],
-    biases: list[torch.Tensor | None],
-) -> list[torch.Tensor]:
-    """The output slabs of :func:`schur_apply` as a list (``x`` may come already cut into its slabs)."""
-    if isinstance(x, torch.Tensor):
-        slabs = x.split(sizes, dim=-1) if len(sizes) > 1 else (x,)
-    else:
-        slabs = x
-    ref = slabs[0]
-    return [
-        F.linear(slabs[s], w, b) if s >= 0 else ref.new_zeros(*ref.shape[:-1], width)
-        for (s, width), w, b in zip(terms, mats, biases)
-    ]
-
-
-def schur_apply(
-    x: torch.Tensor | Sequence[torch.Tensor],
-    sizes: list[int],
-    terms: list[SchurTerm],
-    mats: list[torch.Tensor | None],
-    biases: list[torch.Tensor | None],
-) -> torch.Tensor:
-    """``x [..., sum(sizes)] -> [..., sum(widths)]``: output slab t is ``F.linear(slab_{terms[t][0]},
-    mats[t], biases[t])`` (or zeros of its width when the input slab is -1), the slabs side by side.
-
-    The one block-matmul kernel of the Schur linears: :class:`IrrepLinear`, the stacked q/k/v of
-    :class:`~eqvit.nn.irrep_attention.IrrepAttention` and their frozen forms in :mod:`eqvit.nn.fused`.
-    """
-    outs = schur_slabs(x, sizes, terms, mats, biases)
-    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
-
-
-def _slab_sizes(ftype: FeatureType) -> tuple[list[int], dict[int, int]]:
-    """The ``components``-layout input slabs: one per component of a real-type irrep (``C_rho`` wide),
-    one per block otherwise (``d C_rho``). Returns ``(sizes, first slab of each irrep index)``."""
-    sizes, first = [], {}
-    for i, rho, c, _ in ftype.blocks():
-        first[i] = len(sizes)
-        sizes += [c] * rho.dim if rho.type == "real" else [c * rho.dim]
-    return sizes, first
-
+from eqvit.nn.schur import SlabPlan, apply_slabs, slab_plan
 
 class IrrepLinear(ExactBuffers):
     """``V' -> V''``: ``W = (W_rho)``, ``W_rho = sum_i w_i (x) L_i`` (eq. 4), plus a trivial-irrep bias (eq. 5).
@@ -138,24 +86,17 @@ class IrrepLinear(ExactBuffers):
         else:
             self.register_parameter("bias", None)
             self._bias_slice = None
-        # The Schur plan of the "components" layout: output slabs, their input slab, and which
-        # parameter block (and component) builds their matrix.
+        # The Schur plan of the "components" layout: output slabs, their input slab, and which parameter
+        # block builds their matrix (its sign: the first endomorphism basis element is +-I).
         self._impl = _schur_forward if self.schur else _dense_forward
         if self.schur:
-            self._in_sizes, first = _slab_sizes(in_type)
+            self.plan: SlabPlan = slab_plan(in_type, out_type)
             by_irrep = {i: n for n, i in enumerate(self._block_irreps)}
-            self._terms: list[SchurTerm] = []
-            self._term_blocks: list[int] = []  # parameter block per output slab (-1: zeros)
-            for i, rho, c, _ in out_type.blocks():
-                n = by_irrep.get(i, -1)
-                slabs = rho.dim if rho.type == "real" else 1
-                width = c if rho.type == "real" else c * rho.dim
-                for a in range(slabs):
-                    self._terms.append((first[i] + a if n >= 0 else -1, width))
-                    self._term_blocks.append(n)
-            self._bias_term = next(
-                (t for t, (i, rho, _, _) in enumerate(self._out_slab_irreps()) if rho.is_trivial), None
-            )
+            slab_irreps = [i for i, rho, _, _ in out_type.blocks() for _ in range(rho.dim if rho.type == "real" else 1)]
+            self._term_blocks = [by_irrep.get(i, -1) for i in slab_irreps]  # parameter block per output slab
+            self._block_signs = [float(L[0, 0, 0]) if len(L) == 1 else 0.0 for L in endo]
+            trivial = [t for t, i in enumerate(slab_irreps) if out_type.irreps[i].is_trivial]
+            self._bias_term = trivial[0] if trivial else None
 
     def _register_gather(self, endo: list[np.ndarray]) -> None:
         """The table of :meth:`_gathered_weight`: ``W[r, c] = sum_k theta[index[k, r, c]] * coef[k, r, c]``."""
@@ -174,15 +115,11 @@ class IrrepLinear(ExactBuffers):
         self.register_buffer("_gather_index", torch.from_numpy(index), persistent=False)
         self.register_exact_buffer("_gather_coef", torch.from_numpy(coef))
 
-    def _out_slab_irreps(self) -> list[tuple]:
-        """The output slabs' ``(irrep index, irrep, C'', slice)`` (one per component for real type)."""
-        return [b for b in self.out_type.blocks() for _ in range(b[1].dim if b[1].type == "real" else 1)]
-
     def extra_repr(self) -> str:
         return f"{self.in_type} -> {self.out_type}, bias={self.bias is not None}, schur={self.schur}"
 
     def schur_mats(self) -> list[torch.Tensor | None]:
-        """The matrix of every output slab of the Schur plan (``components`` layouts): ``w`` ``[C'', C']``
+        """The matrix of every output slab of :attr:`plan` (``components`` layouts): ``w`` ``[C'', C']``
         for a real-type component, ``sum_k L_k (x) w_k`` ``[d C'', d C']`` otherwise, None for zeros."""
         weights = self._modules["weights"]._parameters
         mats, cache = [], {}
@@ -191,22 +128,27 @@ class IrrepLinear(ExactBuffers):
                 mats.append(None)
                 continue
             if n not in cache:
-                w, L = weights[str(n)], self._buffers[f"endo_{n}"]
-                _, c_out, c_in = w.shape
-                d = L.shape[-1]
-                if len(L) == 1:  # real type: L = +-I
-                    cache[n] = w[0] * L[0, 0, 0]
+                w, sign = weights[str(n)], self._block_signs[n]
+                if sign:  # real type: L = +-I
+                    cache[n] = w[0] if sign > 0 else -w[0]
                 else:
+                    L = self._buffers[f"endo_{n}"]
+                    _, c_out, c_in = w.shape
+                    d = L.shape[-1]
                     cache[n] = torch.einsum("kab,koi->aobi", L, w).reshape(d * c_out, d * c_in)
             mats.append(cache[n])
         return mats
 
     def schur_biases(self) -> list[torch.Tensor | None]:
-        """The bias of every output slab of the Schur plan (the trivial irrep's slab only)."""
-        out: list[torch.Tensor | None] = [None] * len(self._terms)
+        """The bias of every output slab of :attr:`plan` (the trivial irrep's slab only)."""
+        out: list[torch.Tensor | None] = [None] * len(self.plan.terms)
         if self.bias is not None and self._bias_term is not None:
             out[self._bias_term] = self._parameters["bias"]
         return out
+
+    def slab_weights(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """``(matrices, biases)`` of the output slabs of :attr:`plan` (:mod:`eqvit.nn.schur`)."""
+        return self.schur_mats(), self.schur_biases()
 
     def _dense_weight(self) -> torch.Tensor:
         return self._dense_impl(self)
@@ -277,13 +219,17 @@ class IrrepLinear(ExactBuffers):
             parts.append(F.linear(x[..., in_sl], self.block_weight(n), bias))
         return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
-    def apply_to_slabs(self, slabs: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The Schur forward on an input already cut into its slabs (``components`` layouts)."""
-        return schur_apply(slabs, self._in_sizes, self._terms, self.schur_mats(), self.schur_biases())
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in.dim] -> [..., out.dim]``: block matmuls (``components`` layouts) or one ``F.linear``."""
         return self._impl(self, x)
+
+    def fold(self) -> nn.Module:
+        """The inference form: the slab matrices (``components`` layouts) or the dense matrix fixed."""
+        from eqvit.nn.folded import FoldedLinear, FoldedSchurLinear
+
+        if self.schur:
+            return FoldedSchurLinear(self.plan, *self.slab_weights(), in_type=self.in_type, out_type=self.out_type)
+        return FoldedLinear(*self.dense(), in_type=self.in_type, out_type=self.out_type)
 
     @torch.no_grad()
     def load_dense_(
@@ -322,7 +268,7 @@ def _dense_forward(m: IrrepLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _schur_forward(m: IrrepLinear, x: torch.Tensor) -> torch.Tensor:
-    return schur_apply(x, m._in_sizes, m._terms, m.schur_mats(), m.schur_biases())
+    return apply_slabs(x, m.plan, *m.slab_weights())
 
 
 def _gathered_dense(m: IrrepLinear) -> torch.Tensor:

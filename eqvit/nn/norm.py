@@ -11,15 +11,6 @@ then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / hypot(|z|, sqrt(dim eps))`` as `
 ``hypot``, and ``mul`` + ``addcdiv(beta, gamma' z, .)`` with ``gamma' = sqrt(dim) gamma``.
 ``F.layer_norm`` cannot do it in one op on irrep-wise features: it subtracts the mean over all
 channels, and the centred token ``z`` has no zero mean in general.
-
-It can after a reflection. Centring removes the component along ``u`` (the unit vector spread
-evenly over the centre coordinates); ``F.layer_norm`` removes the component along ``e = 1/sqrt(dim)``.
-The Householder reflection ``H = I - 2 v v^T`` with ``v = (u - e) / |u - e|`` swaps them, so
-``F.layer_norm(H x) = H z / rms(z)``. A model that keeps its residual stream in the reflected basis
-``H x`` (the inference form, :func:`eqvit.fuse`) therefore normalises with one ``F.layer_norm``, like
-timm (:meth:`IrrepLayerNorm.normalize_reflected`); the layers that read the norm fold ``H``,
-``gamma`` and ``beta`` into their weights (:meth:`IrrepLayerNorm.fold`), those that write into the
-stream fold ``H`` (:meth:`IrrepLayerNorm.fold_output`), once per weight update.
 """
 
 from __future__ import annotations
@@ -100,15 +91,6 @@ class IrrepLayerNorm(ExactBuffers):
         self.register_exact_buffer("center_mask", torch.from_numpy((mask > 0).astype(np.float64)))
         # ``x @ neg_center_col`` is minus the centre mean as ``[..., 1]``.
         self.register_exact_buffer("neg_center_col", torch.from_numpy(-mask[:, None]))
-        # The Householder vector v (zero when u = e already, e.g. every coordinate trivial).
-        u = (mask > 0) / math.sqrt(max(len(center), 1))
-        v = u - 1 / math.sqrt(ftype.dim)
-        v = v / np.linalg.norm(v) if np.linalg.norm(v) > 1e-12 else np.zeros_like(v)
-        self.register_exact_buffer("reflect_row", torch.from_numpy(v))
-        self.register_exact_buffer("reflect_col", torch.from_numpy(-2 * v[:, None]))
-        # Unit affine for F.layer_norm: its CPU kernel is ~1.7x slower with weight=None, bias=None.
-        self.register_exact_buffer("unit_weight", torch.ones(ftype.dim, dtype=torch.float64))
-        self.register_exact_buffer("unit_bias", torch.zeros(ftype.dim, dtype=torch.float64))
         self.register_buffer("copy_index", torch.from_numpy(ftype.copy_index), persistent=False)
         self.register_buffer("bias_index", torch.from_numpy(ftype.trivial_index), persistent=False)
         self.weight = nn.Parameter(torch.ones(len(ftype.copies)))
@@ -144,39 +126,14 @@ class IrrepLayerNorm(ExactBuffers):
             return irrep_layer_norm(x, self._buffers["neg_center_col"], mask, gamma, beta, root)
         return _IrrepLayerNorm.apply(x, self._buffers["neg_center_col"], mask, gamma, beta, root)
 
-    def reflect(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., dim] -> H x``: into (or, ``H`` being an involution, out of) the reflected basis."""
-        buffers = self._buffers
-        return torch.addcmul(x, x @ buffers["reflect_col"], buffers["reflect_row"])
+    def fold(self) -> nn.Module:
+        """The inference form: the per-coordinate affine fixed."""
+        from eqvit.nn.folded import FoldedIrrepLayerNorm
 
-    def normalize_reflected(self, y: torch.Tensor) -> torch.Tensor:
-        """``H x -> H z / rms(z)``: the normalised token before the affine, both in the reflected basis.
-
-        One ``F.layer_norm``: ``W @ forward(x) + b == F.linear(normalize_reflected(H x), *fold(W, b))``.
-        """
-        buffers = self._buffers
-        return torch.nn.functional.layer_norm(
-            y, (self.ftype.dim,), buffers["unit_weight"], buffers["unit_bias"], self.eps
-        )
-
-    def fold(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(W [out, dim], b) -> (W diag(gamma) H, b + W beta)``: a linear layer that reads this norm,
-        rewritten to read :meth:`normalize_reflected` instead."""
-        gamma, beta, _ = self.affine()
-        scaled = weight * gamma
-        v = self._buffers["reflect_row"]
-        folded = torch.addr(scaled, scaled @ v, v, alpha=-2)
-        shift = weight @ beta
-        return folded, shift if bias is None else bias + shift
-
-    def fold_output(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(W [dim, in], b) -> (H W, H b)``: a linear layer that writes into the reflected basis."""
-        v = self._buffers["reflect_row"]
-        folded = torch.addr(weight, v, v @ weight, alpha=-2)
-        return folded, None if bias is None else torch.addcmul(bias, v, v @ bias, value=-2)
+        return FoldedIrrepLayerNorm(self)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        gamma, beta, _ = self.affine()
         x = x - (x @ self.center_weights).unsqueeze(-1) * self.center_mask
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        x = x * self.weight[self.copy_index]
-        return x.index_add(-1, self.bias_index, self.bias.expand(*x.shape[:-1], -1))
+        return x * gamma + beta

@@ -3,24 +3,55 @@
 The computation graph is a standard ViT's at width ``|G| * C``: group-convolution linears
 (:class:`~eqvit.nn.regular.GroupConvLinear`) replace the dense ones, frames become extra heads
 of SDPA, and norms / LayerScale share their parameters across frames.
+
+Every block comes in two bases of the same features (``basis``): on the frames, as the seed writes it, or
+on their Fourier coefficients (:class:`~eqvit.nn.regular.RegularBasis`), where the group convolutions are
+Schur block matmuls (12/64 of the dense multiply-adds for D4) and the frames are visited only where a layer
+acts per frame: frame RoPE and the attention scores (:class:`FourierPlatonicAttention`) and the pointwise
+GELU (the Fourier MLP's coefficient rows). Both have the same parameters: with one state dict they compute
+the same function.
 """
 
 from __future__ import annotations
 
+import copy
+
+import numpy as np
 import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.nn.activation import FourierActivation
 from eqvit.nn.attention import stacked_qk
+from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
+from eqvit.nn.irrep_blocks import rows_mlp
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, FeatureGather, check_num_classes
 from eqvit.nn.posenc.base import PositionalScheme
-from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm, RegularLayerScale
+from eqvit.nn.regular import FourierLayerNorm, GroupConvLinear, RegularBasis, RegularLayerNorm, RegularLayerScale
+from eqvit.nn.schur import rows_in, rows_out
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 SCORES = ("frames", "invariant")
 FRAME_POOLS = ("mean", "max")
+BASES = ("frames", "fourier")
+
+
+# Token-major heads [B, N, G, H, D] <-> SDPA's [batch, heads, N, head_dim] for the two score layouts.
+def _frames_scores(q, k, v, sdpa):
+    """Frames as heads: ``[B, N, G H, D]`` each -> ``[B, N, G H D]``."""
+    B, N, GH, D = q.shape
+    out = sdpa(*(t.transpose(1, 2) for t in (q, k, v)))  # [B, G H, N, D]
+    return out.transpose(1, 2).reshape(B, N, GH * D)
+
+
+def _invariant_scores(q, k, v, sdpa, G):
+    """Heads over all frames (seed eq. 13): ``[B, N, G H, D]`` each -> ``[B, N, G H D]``."""
+    B, N, GH, D = q.shape
+    H = GH // G
+    out = sdpa(*(t.reshape(B, N, G, H, D).permute(0, 3, 1, 2, 4).reshape(B, H, N, G * D) for t in (q, k, v)))
+    return out.reshape(B, H, N, G, D).permute(0, 2, 3, 1, 4).reshape(B, N, GH * D)
 
 
 class PlatonicAttention(nn.Module):
@@ -33,7 +64,7 @@ class PlatonicAttention(nn.Module):
     is shared by all frames. Rotary schemes (frame RoPE) rotate ``q, k`` stacked, ``[B, N, 2, |G| H, D]``,
     in place.
 
-    The qkv projection's output is reordered (``head_order``, folded into its rows by ``eqvit.fuse``)
+    The qkv projection's output is reordered (``head_order``, folded into its rows by :meth:`fold`)
     from frames-major ``(G, 3, H, D)`` to ``(3, G, H, D)``: q, k and v are then plain views, as in
     timm, and q and k are rotated together in one op.
 
@@ -62,10 +93,7 @@ class PlatonicAttention(nn.Module):
         impl: str = "auto",
     ) -> None:
         super().__init__()
-        if channels % num_heads:
-            raise ValueError(f"channels per frame {channels} must be divisible by num_heads {num_heads}")
-        if scores not in SCORES:
-            raise ValueError(f"unknown scores {scores!r}; valid: {', '.join(SCORES)}")
+        _check_heads(channels, num_heads, scores)
         self.order, self.channels, self.num_heads = group.order, channels, num_heads
         self.in_type = self.out_type = FeatureType.frames(group, channels)
         self.head_dim = channels // num_heads
@@ -77,9 +105,11 @@ class PlatonicAttention(nn.Module):
         self.proj = GroupConvLinear(group, channels, channels, impl=impl)
         self.proj_drop = nn.Dropout(proj_drop)
         # Row r of the qkv output in (q/k/v, frame, channel) order reads row (frame, q/k/v, channel);
-        # eqvit.fuse folds this gather into the projection's rows.
+        # fold() folds this gather into the projection's rows.
         rows = torch.arange(3 * group.order * channels).view(group.order, 3, channels).transpose(0, 1)
         self.head_order = FeatureGather(rows.flatten())
+        self._attend = _frames_scores if scores == "frames" else _invariant_scores
+        self._score_args = () if scores == "frames" else (group.order,)
 
     def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, N, |G| C] -> [B, N, 3, |G| H, D]``: q, k, v with frames-major heads."""
@@ -90,42 +120,162 @@ class PlatonicAttention(nn.Module):
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
     ) -> torch.Tensor:
         """``x [B, N, |G| C] -> [B, N, |G| C]``."""
-        B, N, _ = x.shape
-        G, H, D = self.order, self.num_heads, self.head_dim
         qkv = self.project_qkv(x)  # [B, N, 3, G H, D]
         qk = stacked_qk(qkv, self.q_norm, self.k_norm)
         if rope is not None:  # in place: qkv is this layer's own fresh projection
             qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
-        q, k, v = *qk.unbind(2), qkv[:, :, 2]  # [B, N, G H, D] each
-        if self.scores == "frames":
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, G H, N, D]
-        else:  # merge frames into the head channels: [B, H, N, G D]
-            q, k, v = (t.reshape(B, N, G, H, D).permute(0, 3, 1, 2, 4).reshape(B, H, N, G * D) for t in (q, k, v))
-        out = self.sdpa(q, k, v)
-        if self.scores == "frames":
-            out = out.transpose(1, 2)  # [B, N, G H, D], already frames-major
-        else:
-            out = out.reshape(B, H, N, G, D).permute(0, 2, 3, 1, 4)  # [B, N, G, H, D]
-        return self.proj_drop(self.proj(out.reshape(B, N, G * H * D)))
+        out = self._attend(*qk.unbind(2), qkv[:, :, 2], self.sdpa, *self._score_args)
+        return self.proj_drop(self.proj(out))
 
     @property
     def fused(self) -> bool:
         return self.sdpa.fused
 
+    def fold(self) -> nn.Module:
+        """The inference form: with a dense (``"cayley"``) projection, the head order folded into its rows; the
+        linears then fold themselves."""
+        if not (isinstance(self.head_order, FeatureGather) and getattr(self.qkv, "impl", None) == "cayley"):
+            return self
+        from eqvit.nn.folded import FoldedLinear
+
+        weight, bias = self.qkv.gather_dense()
+        index = self.head_order.index
+        folded = copy.deepcopy(self)
+        folded.qkv = FoldedLinear(weight[index], None if bias is None else bias[index], out_type=self.qkv.out_type)
+        folded.head_order = nn.Identity()
+        return folded
+
+
+def _check_heads(channels: int, num_heads: int, scores: str) -> None:
+    if channels % num_heads:
+        raise ValueError(f"channels per frame {channels} must be divisible by num_heads {num_heads}")
+    if scores not in SCORES:
+        raise ValueError(f"unknown scores {scores!r}; valid: {', '.join(SCORES)}")
+
+
+# Frames-major heads [G, B, N, H, D] (the Fourier basis' layout) <-> SDPA.
+def _frames_scores_by_frame(q, k, v, sdpa):
+    """Frames as heads: ``[G, B, N, H, D]`` each -> ``[G, B, N, H, D]``, frames and samples one batch axis."""
+    G, B, N, H, D = q.shape
+    out = sdpa(*(t.transpose(2, 3).reshape(G * B, H, N, D) for t in (q, k, v)))  # views: no copies
+    return out.view(G, B, H, N, D).transpose(2, 3)
+
+
+def _invariant_scores_by_frame(q, k, v, sdpa):
+    """Heads over all frames: ``[G, B, N, H, D]`` each -> ``[G, B, N, H, D]``."""
+    G, B, N, H, D = q.shape
+    out = sdpa(*(t.permute(1, 3, 2, 0, 4).reshape(B, H, N, G * D) for t in (q, k, v)))
+    return out.view(B, H, N, G, D).permute(3, 0, 2, 1, 4)
+
+
+class FourierPlatonicAttention(ExactBuffers):
+    """:class:`PlatonicAttention` on Fourier coefficients (:class:`~eqvit.nn.regular.RegularBasis`):
+    ``[B, N, |G| C] -> [B, N, |G| C]``, the same parameters and function.
+
+    The qkv group convolution writes coefficient rows ``[|G|, T, 3 C]`` (row s: coefficient s of every
+    channel, for all T tokens; :func:`~eqvit.nn.schur.rows_out`); one GEMM ``Q @`` puts them on the frames
+    ``[|G|, B, N, 3, H, D]``, where frame RoPE rotates q and k in place and SDPA reads the heads (frames and
+    samples share its batch axis for ``scores="frames"``); one GEMM ``Q^T @`` takes the heads' output back to
+    rows, which the projection reads (:func:`~eqvit.nn.schur.rows_in`). The change of basis costs
+    ``|G|^2`` multiply-adds per channel each way, the Schur linears ``sum_rho d_rho m_rho^2`` per channel pair.
+
+    Args: as :class:`PlatonicAttention` (``impl`` does not apply).
+    """
+
+    def __init__(
+        self,
+        group: FiniteGroup,
+        channels: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused: bool = True,
+        scores: str = "frames",
+    ) -> None:
+        super().__init__()
+        _check_heads(channels, num_heads, scores)
+        self.order, self.channels, self.num_heads = group.order, channels, num_heads
+        basis = RegularBasis(group, channels)
+        self.in_type = self.out_type = basis.ftype
+        self.head_dim = channels // num_heads
+        self.scores = scores
+        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
+        self.qkv = GroupConvLinear(group, channels, 3 * channels, bias=qkv_bias, basis="fourier")
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.proj = GroupConvLinear(group, channels, channels, basis="fourier")
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.register_exact_buffer("to_frames", torch.from_numpy(np.array(basis.q)))
+        self.register_exact_buffer("from_frames", torch.from_numpy(np.ascontiguousarray(basis.q.T)))
+        self._attend = _frames_scores_by_frame if scores == "frames" else _invariant_scores_by_frame
+
+    @property
+    def fused(self) -> bool:
+        return self.sdpa.fused
+
+    def forward(
+        self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
+    ) -> torch.Tensor:
+        """``x [B, N, |G| C] -> [B, N, |G| C]`` (Fourier coefficients)."""
+        B, N, dim = x.shape
+        G, C, H, D = self.order, self.channels, self.num_heads, self.head_dim
+        qkv, proj, buffers = self.qkv, self.proj, self._buffers
+        rows = rows_out(x.reshape(B * N, dim), qkv.plan, *qkv.slab_weights(), 3 * C)  # [G, T, 3C]
+        frames = torch.mm(buffers["to_frames"], rows.flatten(1)).view(G, B, N, 3, H, D)
+        qk = frames[:, :, :, :2]
+        if not isinstance(self.q_norm, nn.Identity):
+            qk = torch.stack([self.q_norm(qk[:, :, :, 0]), self.k_norm(qk[:, :, :, 1])], dim=3)
+        if rope is not None:  # in place: frames is this call's own tensor
+            qk = rope.rotate_qk_frames_(qk, num_prefix_tokens)
+        heads = self._attend(qk[:, :, :, 0], qk[:, :, :, 1], frames[:, :, :, 2], self.sdpa)  # [G, B, N, H, D]
+        back = torch.mm(buffers["from_frames"], heads.reshape(G, B * N * C)).view(G, B * N, C)
+        return self.proj_drop(rows_in(back, proj.plan, *proj.slab_weights()).view(B, N, dim))
+
 
 class PlatonicMlp(nn.Module):
-    """Group-convolution MLP: ``GroupConvLinear -> GELU (pointwise, so equivariant) -> GroupConvLinear``."""
+    """Group-convolution MLP: ``GroupConvLinear -> GELU (pointwise, so equivariant) -> GroupConvLinear``.
 
-    def __init__(self, group: FiniteGroup, channels: int, hidden: int, drop: float = 0.0, impl: str = "auto") -> None:
+    With ``basis="fourier"`` the features are Fourier coefficients: the group convolutions are Schur
+    linears, and the GELU runs on the hidden frames, reached through coefficient rows (one ``[|G|, |G|]``
+    GEMM each way, :func:`~eqvit.nn.irrep_blocks.rows_mlp`). The same parameters and function in both bases.
+    """
+
+    def __init__(
+        self,
+        group: FiniteGroup,
+        channels: int,
+        hidden: int,
+        drop: float = 0.0,
+        impl: str = "auto",
+        basis: str = "frames",
+    ) -> None:
         super().__init__()
-        self.in_type = self.out_type = FeatureType.frames(group, channels)
-        self.fc1 = GroupConvLinear(group, channels, hidden, impl=impl)
-        self.act = nn.GELU()
-        self.fc2 = GroupConvLinear(group, hidden, channels, impl=impl)
+        if basis not in BASES:
+            raise ValueError(f"unknown basis {basis!r}; valid: {', '.join(BASES)}")
+        conv = dict(impl=impl) if basis == "frames" else dict(basis="fourier")
+        self.fc1 = GroupConvLinear(group, channels, hidden, **conv)
+        self.fc2 = GroupConvLinear(group, hidden, channels, **conv)
+        self.in_type = self.out_type = self.fc1.in_type
+        if basis == "frames":
+            self.act = nn.GELU()
+        else:
+            hidden_basis = RegularBasis(group, hidden)
+            self.act = FourierActivation(hidden_basis.ftype, hidden_basis.basis, nn.GELU())
         self.drop = nn.Dropout(drop)
+        self._impl = _frames_mlp if basis == "frames" else _fourier_mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        return self._impl(self, x)
+
+
+def _frames_mlp(m: PlatonicMlp, x: torch.Tensor) -> torch.Tensor:
+    return m.drop(m.fc2(m.drop(m.act(m.fc1(x)))))
+
+
+def _fourier_mlp(m: PlatonicMlp, x: torch.Tensor) -> torch.Tensor:
+    return m.drop(rows_mlp(m.fc1, m.act, m.fc2, x))
 
 
 def platonic_block(
@@ -143,25 +293,47 @@ def platonic_block(
     scores: str = "frames",
     impl: str = "auto",
     attn: nn.Module | None = None,
+    basis: str = "frames",
 ) -> Block:
     """The Platonic seed's block on regular features ``[B, N, |G| C]``: frame-shared LayerNorms,
     frames-as-heads attention, a group-convolution MLP; ``init_values`` enables LayerScale (a gamma
     ``[C]`` shared across frames), ``None`` leaves it out. ``attn`` replaces the attention layer
-    (another head layout, e.g. irrep-wise heads in the Fourier basis)."""
+    (another head layout, e.g. irrep-wise heads in the Fourier basis). ``basis``: the features on the
+    frames or as their Fourier coefficients (the same parameters and function)."""
     G = group.order
+    if basis not in BASES:
+        raise ValueError(f"unknown basis {basis!r}; valid: {', '.join(BASES)}")
     if attn is None:
-        attn = PlatonicAttention(
-            group, channels, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused_attn, scores, impl
-        )
+        args = (group, channels, num_heads, qkv_bias, qk_norm, attn_drop, drop, fused_attn, scores)
+        attn = PlatonicAttention(*args, impl) if basis == "frames" else FourierPlatonicAttention(*args)
+
+    def norm() -> nn.Module:
+        return RegularLayerNorm(G, channels) if basis == "frames" else FourierLayerNorm(RegularBasis(group, channels))
+
     return Block(
-        RegularLayerNorm(G, channels),
+        norm(),
         attn,
-        RegularLayerNorm(G, channels),
-        PlatonicMlp(group, channels, int(channels * mlp_ratio), drop, impl),
+        norm(),
+        PlatonicMlp(group, channels, int(channels * mlp_ratio), drop, impl, basis),
         ls1=RegularLayerScale(G, channels, init_values) if init_values is not None else None,
         ls2=RegularLayerScale(G, channels, init_values) if init_values is not None else None,
         drop_path=drop_path,
     )
+
+
+class FourierToFrames(ExactBuffers):
+    """Fourier coefficients ``[..., |G| C]`` (:class:`~eqvit.nn.regular.RegularBasis`) -> the same features on
+    the frames ``[..., |G| C]``: ``Q @`` on every channel."""
+
+    def __init__(self, group: FiniteGroup, channels: int) -> None:
+        super().__init__()
+        basis = RegularBasis(group, channels)
+        self.in_type, self.out_type = basis.ftype, FeatureType.frames(group, channels)
+        self.order = group.order
+        self.register_exact_buffer("q", torch.from_numpy(np.array(basis.q)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(self.q, x.unflatten(-1, (self.order, -1))).flatten(-2)
 
 
 class FramePool(nn.Module):
@@ -206,6 +378,8 @@ class InvariantPoolHead(nn.Module):
         hidden: K invariant features (default: the total width ``|G| C``).
         drop: dropout before the classifier.
         pool: ``"mean"`` or ``"max"``.
+        basis: the tokens on the frames, or their Fourier coefficients (``"fourier"``: the token mean is
+            taken back to the frames, one token per sample).
     """
 
     def __init__(
@@ -216,8 +390,13 @@ class InvariantPoolHead(nn.Module):
         hidden: int | None = None,
         drop: float = 0.0,
         pool: str = "mean",
+        basis: str = "frames",
     ) -> None:
         super().__init__()
+        if basis not in BASES:
+            raise ValueError(f"unknown basis {basis!r}; valid: {', '.join(BASES)}")
+        self.to_frames = nn.Identity() if basis == "frames" else FourierToFrames(group, channels)
+        self.in_type = FeatureType.frames(group, channels) if basis == "frames" else self.to_frames.in_type
         self.pool = FramePool(group.order, pool)  # validates ``pool``
         hidden = hidden or group.order * channels
         self.lift = GroupConvLinear(group, channels, hidden, impl="cayley")
@@ -245,7 +424,7 @@ class InvariantPoolHead(nn.Module):
 
     def pre_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, N, |G| C] -> [B, num_features]``: the pooled invariants, after the dropout."""
-        return self.drop(self.pool(self.act(self.lift(tokens.mean(1)))))
+        return self.drop(self.pool(self.act(self.lift(self.to_frames(tokens.mean(1))))))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, N, |G| C] -> logits [B, classes]``, invariant to the frames' action."""

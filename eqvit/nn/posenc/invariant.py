@@ -169,6 +169,7 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
     def __init__(self, group, centers: np.ndarray, ftype: FeatureType, std: float = 0.02, basis=None) -> None:
         super().__init__()
         self.ftype = ftype
+        self.in_type = self.out_type = ftype
         self.centers = np.array(centers, dtype=np.float64)  # kept for restriction to a subgroup
         self.num_tokens = len(centers)
         perms = permutations_for(np.asarray(centers, dtype=np.float64), group.elements) if basis is None else None
@@ -283,28 +284,40 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
             raise ValueError(f"expected {self.num_tokens} tokens, got {x.shape[1]}")
         return x + self.embedding()
 
+    def fold(self) -> nn.Module:
+        """The inference form: the encoding fixed."""
+        from eqvit.nn.folded import FoldedAPE
+
+        return FoldedAPE(self.embedding())
+
 
 class FrameInvariantAPE(InvariantAPE):
     """The invariant APE for frame features (C copies of the regular representation on frames).
 
     Built in the irrep basis (:class:`InvariantAPE` on ``ftype.in_irrep_basis()``) and mapped to the
     frames with the inverse Fourier transform: ``p_frames = p_irrep @ fourier^T``. Since the transform
-    intertwines the actions, ``p_frames`` is invariant under the frame permutations.
+    intertwines the actions, ``p_frames`` is invariant under the frame permutations. With ``coefficients``
+    (a :class:`~eqvit.nn.regular.RegularBasis`) the encoding is added to Fourier-coefficient tokens:
+    ``p_frames @ coefficients.transform``, the same parameters and encoding.
     """
 
-    def __init__(self, group, centers: np.ndarray, ftype: FeatureType, std: float = 0.02) -> None:
+    def __init__(self, group, centers: np.ndarray, ftype: FeatureType, std: float = 0.02, coefficients=None) -> None:
         if ftype.basis != "frames":
             raise ValueError(f"FrameInvariantAPE reads frame features, got {ftype}")
         super().__init__(group, centers, ftype.in_irrep_basis(), std)
         self.frame_type = ftype
-        self.register_exact_buffer("to_frames", torch.from_numpy(np.array(ftype.fourier.T)))
+        to_tokens = np.array(ftype.fourier.T)
+        if coefficients is not None:
+            to_tokens = to_tokens @ coefficients.transform
+        self.in_type = self.out_type = ftype if coefficients is None else coefficients.ftype
+        self.register_exact_buffer("to_tokens", torch.from_numpy(to_tokens))
 
     def load_embedding_(self, p: np.ndarray | torch.Tensor, atol: float = 1e-9) -> None:
-        """Set the coefficients from an encoding on the frames ``p [M, |G| C]``."""
+        """Set the coefficients from an encoding in the tokens' basis ``p [M, |G| C]``."""
         p = torch.as_tensor(np.asarray(p, dtype=np.float64))
-        super().load_embedding_(p @ self._exact_masters["to_frames"].T, atol)  # the inverse of p_irrep @ to_frames
+        super().load_embedding_(p @ self._exact_masters["to_tokens"].T, atol)  # the inverse of p_irrep @ to_tokens
 
     def embedding_reference(self) -> torch.Tensor:
-        """``[M, |G| C]`` the encoding on the frames."""
+        """``[M, |G| C]`` the encoding in the tokens' basis."""
         p = super().embedding_reference()
-        return p @ self.to_frames.to(p.dtype)
+        return p @ self.to_tokens.to(p.dtype)

@@ -84,3 +84,9 @@ class OrbitAPE(PositionalScheme):
         if x.shape[1] != self.num_tokens:
             raise ValueError(f"expected {self.num_tokens} tokens, got {x.shape[1]}")
         return x + self.embedding()
+
+    def fold(self) -> nn.Module:
+        """The inference form: the encoding fixed."""
+        from eqvit.nn.folded import FoldedAPE
+
+        return FoldedAPE(self.embedding())

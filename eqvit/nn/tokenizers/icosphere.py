@@ -181,6 +181,12 @@ class IcospherePatchEmbed(nn.Module):
         """``x [B, C, V] -> tokens [B, 3M, D]``."""
         return lift_patches(x, self.face_index, *self.turned_weights())
 
+    def fold(self) -> nn.Module:
+        """The inference form: the three turned kernels fixed."""
+        from eqvit.nn.folded import FoldedIcosphereLift
+
+        return FoldedIcosphereLift(self)
+
 
 def lift_patches(x: torch.Tensor, face_index: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``x [B, C, V]``, ``face_index [M P]`` (patch-major taps), turned ``weight [3 D, P C]``, ``bias [3 D]``
@@ -235,6 +241,12 @@ class IcosphereUnpatchify(ExactBuffers):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, 3M, D] -> [B, C_out, V]``."""
         return unpatchify_patches(tokens, *self.turned_weights(), self.scatter_index, self.inv_count)
+
+    def fold(self) -> nn.Module:
+        """The inference form: the turned kernels and summed biases fixed."""
+        from eqvit.nn.folded import FoldedIcosphereUnpatchify
+
+        return FoldedIcosphereUnpatchify(self)
 
 
 def unpatchify_patches(

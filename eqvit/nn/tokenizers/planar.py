@@ -88,7 +88,7 @@ class GroupPatchEmbed(ExactBuffers):
     """``patches [B, M, in_chans * K] -> tokens [B, M, out_type.dim]`` (eq. 7).
 
     The filters ``F = W E [out.dim, in_chans * K]`` and the bias are derived on every call
-    (:meth:`dense`); ``eqvit.fuse`` fixes them.
+    (:meth:`dense`); :meth:`fold` fixes them.
 
     Args:
         group: G (must map ``offsets`` onto itself).
@@ -119,6 +119,12 @@ class GroupPatchEmbed(ExactBuffers):
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         return F.linear(patches, *self.dense())
+
+    def fold(self) -> nn.Module:
+        """The inference form: the filters and bias fixed."""
+        from eqvit.nn.folded import FoldedLinear
+
+        return FoldedLinear(*self.dense(), in_type=self.in_type, out_type=self.out_type)
 
 
 class PlanarTokenizer(nn.Module):

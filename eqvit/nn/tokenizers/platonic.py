@@ -22,27 +22,35 @@ from eqvit.geometry.points import point_permutation
 from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
-from eqvit.nn.regular import LiftToGroup
+from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.regular import LiftToGroup, RegularBasis
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed
 from eqvit.nn.tokenizers.square import square_patch_layout
 
 
-class LiftedSquarePatchEmbed(nn.Module):
+class LiftedSquarePatchEmbed(ExactBuffers):
     """``[B, C_in, S, S] -> [B, (S/P)^2, |G| * C]``: ``f_i(R) = sum_u W(u) x(c_i + R u) + b``.
 
     One kernel ``W [C, C_in, P, P]``; frame R uses it with the patch pixels permuted by R (the
     square patch is closed under D4), so all frames are one strided convolution with ``|G| C``
     output channels, the cost of a timm patch embedding of width ``|G| C``. Rotating the image by
     g moves patch i to the patch at ``g c_i`` and frame R there sees what frame ``g^-1 R`` saw.
+    With ``basis="fourier"`` the tokens are the frames' Fourier coefficients
+    (:class:`~eqvit.nn.regular.RegularBasis`): the change of basis is folded into the steered kernels.
 
     Args:
         group: frames, a subgroup of D4 given as 2x2 matrices (C1, C2, C4, D1, D2, D4).
         img_size, patch_size: S and P (S a multiple of P).
         in_chans, channels: C_in and C per frame.
+        basis: ``"frames"`` or ``"fourier"``.
     """
 
-    def __init__(self, group: FiniteGroup, img_size: int, patch_size: int, in_chans: int, channels: int) -> None:
+    def __init__(
+        self, group: FiniteGroup, img_size: int, patch_size: int, in_chans: int, channels: int, basis: str = "frames"
+    ) -> None:
         super().__init__()
+        if basis not in ("frames", "fourier"):
+            raise ValueError(f"unknown basis {basis!r}; valid: frames, fourier")
         if group.dim != 2:
             raise ValueError(f"square images need planar frames (2x2 matrices), got {group.name} in {group.dim}-D")
         offsets, centers, _ = square_patch_layout(img_size, patch_size)
@@ -61,26 +69,58 @@ class LiftedSquarePatchEmbed(nn.Module):
         nn.init.trunc_normal_(self.weight, std=0.02)
         # Patch centres in patch units (x right, y up), row-major like the conv output.
         self.positions = torch.from_numpy(centers / patch_size)
+        self.in_type = None  # pixels
+        if basis == "frames":
+            self.out_type = FeatureType.frames(group, channels)
+            self._steer = _frame_kernels
+        else:
+            fourier = RegularBasis(group, channels)
+            self.out_type = fourier.ftype
+            # coefficients [s, C] = Q^T frames [G, C]: the kernels' frame axis mixed once per call
+            self.register_exact_buffer("from_frames", torch.from_numpy(np.ascontiguousarray(fourier.q.T)))
+            self._steer = _coefficient_kernels
 
     @property
     def num_tokens(self) -> int:
         return (self.img_size // self.patch_size) ** 2
 
-    def steered_weight(self) -> torch.Tensor:
+    def frame_weight(self) -> torch.Tensor:
         """``[|G| C, C_in, P, P]``: the kernel as seen by every frame, frames-major."""
-        return self._steer_weight()
-
-    def _steer_weight(self) -> torch.Tensor:
         # Frame g's kernel at offset v is W(R_g^-1 v): gather through steer[g, v].
         w = self.weight[:, :, self.steer]  # [C, C_in, G, P^2]
         P = self.patch_size
         return w.permute(2, 0, 1, 3).reshape(self.order * self.channels, self.in_chans, P, P)
 
+    def steered_weight(self) -> torch.Tensor:
+        """``([|G| C, C_in, P, P], [|G| C])``: the convolution's kernels and bias in the output basis."""
+        return self._steer(self)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = self.bias.repeat(self.order)
-        out = F.conv2d(x, self.steered_weight(), bias, stride=self.patch_size)
-        # Token-major and contiguous: a transposed view would keep the whole residual stream transposed.
-        return out.flatten(2).transpose(1, 2).contiguous()  # [B, N, G C]
+        return lift_square_patches(x, *self.steered_weight(), self.patch_size)
+
+    def fold(self) -> nn.Module:
+        """The inference form: the steered kernels fixed."""
+        from eqvit.nn.folded import FoldedSquareLift
+
+        return FoldedSquareLift(self)
+
+
+def lift_square_patches(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """``[B, C_in, S, S] -> [B, (S/P)^2, |G| C]``: the strided convolution with the steered kernels."""
+    out = F.conv2d(x, weight, bias, stride=patch_size)
+    # Token-major and contiguous: a transposed view would keep the whole residual stream transposed.
+    return out.flatten(2).transpose(1, 2).contiguous()
+
+
+def _frame_kernels(embed: LiftedSquarePatchEmbed) -> tuple[torch.Tensor, torch.Tensor]:
+    return embed.frame_weight(), embed.bias.repeat(embed.order)
+
+
+def _coefficient_kernels(embed: LiftedSquarePatchEmbed) -> tuple[torch.Tensor, torch.Tensor]:
+    G, C = embed.order, embed.channels
+    frames, bias = _frame_kernels(embed)
+    weight = torch.matmul(embed.from_frames, frames.view(G, -1)).view_as(frames)
+    return weight, torch.matmul(embed.from_frames, bias.view(G, C)).flatten()
 
 
 class CentredPoints(nn.Module):

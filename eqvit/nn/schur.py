@@ -1,0 +1,159 @@
+"""Schur slabs: the block-sparse products of equivariant linears in the ``components`` layout.
+
+By Schur's lemma an equivariant map between ``components``-layout features (:mod:`eqvit.nn.irrep_features`)
+never mixes irreps: a real-type irrep ``rho`` contributes one ``[C''_rho, C'_rho]`` matrix shared by its
+``d_rho`` component *slabs* (contiguous column blocks of the token vector), a complex or quaternionic one a
+single ``[d C'', d C']`` matrix on its whole block. A :class:`SlabPlan` says how the input is cut into slabs
+and which input slab each output slab reads; every structured linear (:class:`~eqvit.nn.linear.IrrepLinear`,
+:class:`~eqvit.nn.regular.GroupConvLinear` in the Fourier basis, and their folded forms) gives its slab
+matrices and biases (``slab_weights()``) for one of the three products here, all standard PyTorch ops:
+
+* :func:`apply_slabs`: tokens ``[..., in] -> [..., out]``, one ``F.linear`` per output slab on a column
+  view of the input, the outputs joined by one ``cat``: ``sum_rho d_rho C''_rho C'_rho`` multiply-adds;
+* :func:`rows_out`: tokens ``[T, in]`` -> *rows* ``[R, T, n]``, row ``r`` holding output coordinates
+  ``[r n, (r + 1) n)`` of every token. Copies of one homogeneous space (the hidden features of a Fourier
+  MLP, the q/k/v of frames-as-heads attention in the Fourier basis) keep their coefficient index in the
+  row, so a change of basis of their orbits is one ``[R, R] @ [R, T n]`` GEMM;
+* :func:`rows_in`: rows ``[R, T, n]`` -> tokens ``[T, out]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from eqvit.nn.irrep_features import FeatureType
+
+
+class SlabPlan(NamedTuple):
+    """The slabs of a Schur linear: input slab widths, and per output slab ``(input slab or -1, width)``
+    (-1: no input slab, the output slab is zero)."""
+
+    in_sizes: tuple[int, ...]
+    terms: tuple[tuple[int, int], ...]
+
+    @property
+    def out_dim(self) -> int:
+        return sum(width for _, width in self.terms)
+
+    @property
+    def in_offsets(self) -> tuple[int, ...]:
+        """Start of every input slab."""
+        out, start = [], 0
+        for size in self.in_sizes:
+            out.append(start)
+            start += size
+        return tuple(out)
+
+
+def type_slabs(ftype: FeatureType) -> list[tuple[int, int]]:
+    """``(irrep index, width)`` of every slab of a ``components``-layout type: one per component of a
+    real-type irrep (``C_rho`` wide), one per block otherwise (``d C_rho``)."""
+    if ftype.layout != "components":
+        raise ValueError(f"slabs are defined for the 'components' layout, got {ftype}")
+    slabs = []
+    for i, rho, c, _ in ftype.blocks():
+        slabs += [(i, c)] * rho.dim if rho.type == "real" else [(i, c * rho.dim)]
+    return slabs
+
+
+def slab_plan(in_type: FeatureType, out_type: FeatureType) -> SlabPlan:
+    """The :class:`SlabPlan` of the equivariant linears ``in_type -> out_type`` (both ``components``): output
+    slab ``(rho, a)`` reads input slab ``(rho, a)``, or nothing when ``rho`` is absent from ``in_type``."""
+    ins = type_slabs(in_type)
+    first: dict[int, int] = {}
+    for n, (i, _) in enumerate(ins):
+        first.setdefault(i, n)
+    terms, seen = [], {}
+    for i, width in type_slabs(out_type):
+        a = seen.get(i, 0)
+        seen[i] = a + 1
+        terms.append((first[i] + a if i in first else -1, width))
+    return SlabPlan(tuple(w for _, w in ins), tuple(terms))
+
+
+def _slabs(x: torch.Tensor | Sequence[torch.Tensor], plan: SlabPlan) -> Sequence[torch.Tensor]:
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x.split(plan.in_sizes, dim=-1) if len(plan.in_sizes) > 1 else (x,)
+
+
+def _constant(ref: torch.Tensor, lead: tuple[int, ...], width: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """An output slab no input slab reaches: its bias (or zero) on every token."""
+    return ref.new_zeros(*lead, width) if bias is None else bias.expand(*lead, width)
+
+
+def slab_outputs(
+    x: torch.Tensor | Sequence[torch.Tensor],
+    plan: SlabPlan,
+    mats: Sequence[torch.Tensor | None],
+    biases: Sequence[torch.Tensor | None],
+) -> list[torch.Tensor]:
+    """The output slabs of :func:`apply_slabs` as a list (``x`` may come already cut into its slabs)."""
+    slabs = _slabs(x, plan)
+    ref = slabs[0]
+    return [
+        F.linear(slabs[s], w, b) if s >= 0 else _constant(ref, ref.shape[:-1], width, b)
+        for (s, width), w, b in zip(plan.terms, mats, biases)
+    ]
+
+
+def apply_slabs(
+    x: torch.Tensor | Sequence[torch.Tensor],
+    plan: SlabPlan,
+    mats: Sequence[torch.Tensor | None],
+    biases: Sequence[torch.Tensor | None],
+) -> torch.Tensor:
+    """``x [..., in] -> [..., out]``: output slab ``t`` is ``F.linear(input slab, mats[t], biases[t])``
+    (the bias alone where the plan has no input slab), the slabs side by side."""
+    outs = slab_outputs(x, plan, mats, biases)
+    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+
+
+def _check_rows(start: int, width: int, n: int) -> int:
+    if start % n or width % n:
+        raise ValueError(f"expected slabs of whole rows of {n} coordinates, got [{start}, {start + width})")
+    return width // n
+
+
+def rows_out(
+    x: torch.Tensor,
+    plan: SlabPlan,
+    mats: Sequence[torch.Tensor | None],
+    biases: Sequence[torch.Tensor | None],
+    n: int,
+) -> torch.Tensor:
+    """``x [T, in] -> rows [out / n, T, n]``: the linear's output with row ``r`` holding output coordinates
+    ``[r n, (r + 1) n)``, each row one ``F.linear`` of its input slab with ``n`` rows of the slab matrix."""
+    slabs, rows, start = _slabs(x, plan), [], 0
+    for (s, width), w, b in zip(plan.terms, mats, biases):
+        for j in range(_check_rows(start, width, n)):
+            cols = slice(j * n, (j + 1) * n)
+            bias = None if b is None else b[cols]
+            rows.append(F.linear(slabs[s], w[cols], bias) if s >= 0 else _constant(x, (len(x),), n, bias))
+        start += width
+    return torch.stack(rows)
+
+
+def rows_in(
+    rows: torch.Tensor,
+    plan: SlabPlan,
+    mats: Sequence[torch.Tensor | None],
+    biases: Sequence[torch.Tensor | None],
+) -> torch.Tensor:
+    """``rows [in / n, T, n] -> [T, out]``: the linear applied to features held as rows (:func:`rows_out`);
+    an input slab of ``k`` rows is read as ``k`` matmuls, accumulated."""
+    n, offsets, outs = rows.shape[-1], plan.in_offsets, []
+    for (s, width), w, b in zip(plan.terms, mats, biases):
+        if s < 0:
+            outs.append(_constant(rows, (rows.shape[1],), width, b))
+            continue
+        first, count = offsets[s] // n, _check_rows(offsets[s], plan.in_sizes[s], n)
+        y = F.linear(rows[first], w[:, :n], b)
+        for j in range(1, count):
+            y = torch.addmm(y, rows[first + j], w[:, j * n : (j + 1) * n].T)
+        outs.append(y)
+    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
