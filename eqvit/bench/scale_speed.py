@@ -20,7 +20,7 @@ order rotating from round to round; the figure is the median over rounds of the 
 ratio to timm (and the median time). Per model and size: parameters, FLOPs
 (``torch.utils.flop_counter.FlopCounterMode``, 2 per multiply-add, batch 1), the fp32 invariance
 error (max over the 8 D4 image transforms of ``|f(g x) - f(x)|_max / |f(x)|_max``), a training step
-(the training form, forward + backward of a cross-entropy loss at batch 8, interleaved like the
+(the training form, forward + backward of a cross-entropy loss + an AdamW update at batch 8, interleaved like the
 forwards, ratio to timm) and its peak memory (the rise of the process' peak resident set over the
 step: ``/proc/self/clear_refs`` resets the high-water mark after ``malloc_trim``; Linux only, else
 not measured) and the peak allocated tensor memory of the step (:func:`eqvit.bench._memory.peak_allocated_mb`,
@@ -198,9 +198,13 @@ def peak_step_mb(step: Callable[[], None]) -> float | None:
 
 
 def train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> Callable[[], None]:
+    """One training iteration: forward, cross-entropy backward and an AdamW update."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
     def step() -> None:
         model.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), target).backward()
+        optimizer.step()
 
     return step
 

@@ -119,6 +119,10 @@ def _check_rows(start: int, width: int, n: int) -> int:
     return width // n
 
 
+def _row_parts(b: torch.Tensor | None, n: int, count: int) -> Sequence[torch.Tensor | None]:
+    return [None] * count if b is None else b.split(n)
+
+
 def rows_out(
     x: torch.Tensor,
     plan: SlabPlan,
@@ -128,12 +132,15 @@ def rows_out(
 ) -> torch.Tensor:
     """``x [T, in] -> rows [out / n, T, n]``: the linear's output with row ``r`` holding output coordinates
     ``[r n, (r + 1) n)``, each row one ``F.linear`` of its input slab with ``n`` rows of the slab matrix."""
+    # split / unbind rather than indexing: their backward is one cat / stack, where every slice's backward
+    # would zero-fill a tensor of the whole input's size.
     slabs, rows, start = _slabs(x, plan), [], 0
     for (s, width), w, b in zip(plan.terms, mats, biases):
-        for j in range(_check_rows(start, width, n)):
-            cols = slice(j * n, (j + 1) * n)
-            bias = None if b is None else b[cols]
-            rows.append(F.linear(slabs[s], w[cols], bias) if s >= 0 else _constant(x, (len(x),), n, bias))
+        count = _check_rows(start, width, n)
+        if s < 0:
+            rows += [_constant(x, (len(x),), n, None if b is None else bias) for bias in _row_parts(b, n, count)]
+        else:
+            rows += [F.linear(slabs[s], part, bias) for part, bias in zip(w.split(n), _row_parts(b, n, count))]
         start += width
     return torch.stack(rows)
 
@@ -147,13 +154,15 @@ def rows_in(
     """``rows [in / n, T, n] -> [T, out]``: the linear applied to features held as rows (:func:`rows_out`);
     an input slab of ``k`` rows is read as ``k`` matmuls, accumulated."""
     n, offsets, outs = rows.shape[-1], plan.in_offsets, []
+    row_list = rows.unbind(0)  # backward: one stack (indexing would zero-fill all rows per row read)
     for (s, width), w, b in zip(plan.terms, mats, biases):
         if s < 0:
             outs.append(_constant(rows, (rows.shape[1],), width, b))
             continue
         first, count = offsets[s] // n, _check_rows(offsets[s], plan.in_sizes[s], n)
-        y = F.linear(rows[first], w[:, :n], b)
+        parts = w.split(n, dim=1)
+        y = F.linear(row_list[first], parts[0], b)
         for j in range(1, count):
-            y = torch.addmm(y, rows[first + j], w[:, j * n : (j + 1) * n].T)
+            y = torch.addmm(y, row_list[first + j], parts[j].T)
         outs.append(y)
     return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
