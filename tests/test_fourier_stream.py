@@ -129,3 +129,15 @@ def test_vit_scale_models_take_the_fourier_stream():
         ref = small.eval()(x)
         err = (eqvit.fuse(small)(x) - ref).abs().max() / ref.abs().max()
     assert err < 1e-4
+
+
+@pytest.mark.parametrize("basis", ["frames", "fourier"])
+def test_platonic_mlp_drops_its_hidden_features_in_both_bases(basis):
+    """Dropout acts on the hidden frames and on the output, in the Fourier rows as on the frames."""
+    from eqvit.nn.platonic import PlatonicMlp
+
+    mlp = PlatonicMlp(get_group("D4"), 4, 8, drop=0.5, basis=basis).train()
+    sizes = []
+    mlp.drop.register_forward_hook(lambda module, args, out: sizes.append(out.numel()))
+    mlp(torch.randn(3, 5, mlp.in_type.dim))
+    assert sizes == [3 * 5 * 8 * 8, 3 * 5 * 8 * 4]  # hidden: 8 frames x 8 channels per token; output: 8 x 4

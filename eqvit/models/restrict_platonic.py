@@ -290,8 +290,9 @@ def _restrict_attention(attn: PlatonicAttention, context: RestrictionContext) ->
     m, C, nh, D = context.index, attn.channels, attn.num_heads, attn.head_dim
     frames = attn.scores == "frames"
     heads = m * nh if frames else nh
+    qk_norm = not isinstance(attn.q_norm, nn.Identity)
     new = PlatonicAttention(
-        context.H, m * C, heads, qkv_bias=attn.qkv.bias is not None, qk_norm=False, scores=attn.scores
+        context.H, m * C, heads, qkv_bias=attn.qkv.bias is not None, qk_norm=qk_norm, scores=attn.scores
     )
     if frames:  # per H frame: (k, head, d) = G channel head * D + d of frame h r_k
         k, hd, d = np.meshgrid(np.arange(m), np.arange(nh), np.arange(D), indexing="ij")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -10,12 +12,19 @@ from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 
-def stacked_qk(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> torch.Tensor:
-    """``qkv [B, N, 3, H, D] -> qk [B, N, 2, H, D]``: queries and keys after their norms, stacked so that
-    a positional scheme rotates both in one op. Without qk-norm it is a view of ``qkv`` (no copy)."""
-    if isinstance(q_norm, nn.Identity) and isinstance(k_norm, nn.Identity):
-        return qkv[:, :, :2]
-    return torch.stack([q_norm(qkv[:, :, 0]), k_norm(qkv[:, :, 1])], dim=2)
+def _qk_view(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, dim: int) -> torch.Tensor:
+    return qkv.narrow(dim, 0, 2)
+
+
+def _qk_normed(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, dim: int) -> torch.Tensor:
+    return torch.stack([q_norm(qkv.select(dim, 0)), k_norm(qkv.select(dim, 1))], dim=dim)
+
+
+def qk_stacker(qk_norm: bool) -> Callable[[torch.Tensor, nn.Module, nn.Module, int], torch.Tensor]:
+    """``stack(qkv, q_norm, k_norm, dim)``: the queries and keys of ``qkv`` (q, k, v along ``dim``) after their
+    norms, stacked along ``dim`` so that a positional scheme rotates both in one op. Chosen at construction:
+    without qk-norm it is a view of ``qkv`` (no copy), with it the two normed tensors stacked."""
+    return _qk_normed if qk_norm else _qk_view
 
 
 class Attention(nn.Module):
@@ -53,6 +62,7 @@ class Attention(nn.Module):
         self.qkv = vit_linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self._stack_qk = qk_stacker(qk_norm)
         self.proj = vit_linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -69,7 +79,7 @@ class Attention(nn.Module):
         # layout they need no transposes of their own. Queries and keys stay stacked, so a scheme
         # rotates both in one op, in place in this layer's own fresh projection (no copies).
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
-        qk = stacked_qk(qkv, self.q_norm, self.k_norm)
+        qk = self._stack_qk(qkv, self.q_norm, self.k_norm, 2)
         if rope is not None:
             qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
         q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)  # [B, H, N, D]

@@ -34,10 +34,13 @@ def rows_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
     return all(a % n == 0 and w % n == 0 for a, w in [*out_starts, *in_slabs])
 
 
-def rows_mlp(fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``fc2(FT sigma FT^-1 fc1(x))`` with the hidden features as coefficient rows ``[s, T, n]``
+def rows_mlp(
+    fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor, hidden_drop: nn.Module | None = None
+) -> torch.Tensor:
+    """``fc2(FT drop(sigma(FT^-1 fc1(x))))`` with the hidden features as coefficient rows ``[s, T, n]``
     (:func:`~eqvit.nn.schur.rows_out`): the transform to the values on the orbits and back is one
-    ``[s, s] @ [s, T n]`` GEMM each way, not a small matmul per token. ``x [..., in] -> [..., out]``."""
+    ``[s, s] @ [s, T n]`` GEMM each way, not a small matmul per token. ``hidden_drop`` (a dropout, or None)
+    acts on the values, where a plain MLP drops its hidden activations. ``x [..., in] -> [..., out]``."""
     buffers = act._buffers
     to_values, from_values = buffers["slab_inverse"], buffers["slab_forward"]
     s = to_values.shape[0]
@@ -45,6 +48,8 @@ def rows_mlp(fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor) ->
     flat = x.reshape(-1, x.shape[-1])
     rows = rows_out(flat, fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
     values = act.act(torch.mm(to_values, rows.flatten(1)))  # sigma on the orbits' points
+    if hidden_drop is not None:  # an argument of the call, fixed by each caller's construction
+        values = hidden_drop(values)
     rows = torch.mm(from_values, values).view(s, -1, n)
     return rows_in(rows, fc2.plan, *fc2.slab_weights()).view(*x.shape[:-1], fc2.plan.out_dim)
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from eqvit.groups import FiniteGroup
 from eqvit.nn.activation import FourierActivation
-from eqvit.nn.attention import stacked_qk
+from eqvit.nn.attention import qk_stacker
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_blocks import rows_mlp
@@ -54,7 +54,31 @@ def _invariant_scores(q, k, v, sdpa, G):
     return out.reshape(B, H, N, G, D).permute(0, 2, 3, 1, 4).reshape(B, N, GH * D)
 
 
-class PlatonicAttention(nn.Module):
+class FrameAttention(ExactBuffers):
+    """What the frames-as-heads attentions share: ``C`` channels per frame in ``H`` heads of ``D = C / H``, the
+    score layout (``scores``), SDPA, the optional qk-norms and the output dropout. The subclasses add the
+    projections (on the frames or on their Fourier coefficients) and the forward."""
+
+    def __init__(self, group: FiniteGroup, channels: int, num_heads: int, attn_drop: float, fused: bool, scores: str):
+        super().__init__()
+        _check_heads(channels, num_heads, scores)
+        self.order, self.channels, self.num_heads = group.order, channels, num_heads
+        self.head_dim = channels // num_heads
+        self.scores = scores
+        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
+
+    def _add_qk_norms(self, qk_norm: bool) -> None:
+        """The q and k LayerNorms over ``D`` (shared across frames and heads), or identities."""
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self._stack_qk = qk_stacker(qk_norm)
+
+    @property
+    def fused(self) -> bool:
+        return self.sdpa.fused
+
+
+class PlatonicAttention(FrameAttention):
     """Self-attention on regular features with frames as heads.
 
     Per frame, ``C`` channels split into ``H`` heads of ``D = C / H``. ``scores="frames"`` (the
@@ -92,16 +116,10 @@ class PlatonicAttention(nn.Module):
         scores: str = "frames",
         impl: str = "auto",
     ) -> None:
-        super().__init__()
-        _check_heads(channels, num_heads, scores)
-        self.order, self.channels, self.num_heads = group.order, channels, num_heads
+        super().__init__(group, channels, num_heads, attn_drop, fused, scores)
         self.in_type = self.out_type = FeatureType.frames(group, channels)
-        self.head_dim = channels // num_heads
-        self.scores = scores
-        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
         self.qkv = GroupConvLinear(group, channels, 3 * channels, bias=qkv_bias, impl=impl)
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self._add_qk_norms(qk_norm)
         self.proj = GroupConvLinear(group, channels, channels, impl=impl)
         self.proj_drop = nn.Dropout(proj_drop)
         # Row r of the qkv output in (q/k/v, frame, channel) order reads row (frame, q/k/v, channel);
@@ -121,15 +139,11 @@ class PlatonicAttention(nn.Module):
     ) -> torch.Tensor:
         """``x [B, N, |G| C] -> [B, N, |G| C]``."""
         qkv = self.project_qkv(x)  # [B, N, 3, G H, D]
-        qk = stacked_qk(qkv, self.q_norm, self.k_norm)
+        qk = self._stack_qk(qkv, self.q_norm, self.k_norm, 2)
         if rope is not None:  # in place: qkv is this layer's own fresh projection
             qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
         out = self._attend(*qk.unbind(2), qkv[:, :, 2], self.sdpa, *self._score_args)
         return self.proj_drop(self.proj(out))
-
-    @property
-    def fused(self) -> bool:
-        return self.sdpa.fused
 
     def fold(self) -> nn.Module:
         """The inference form: with a dense (``"cayley"``) projection, the head order folded into its rows; the
@@ -168,7 +182,7 @@ def _invariant_scores_by_frame(q, k, v, sdpa):
     return out.view(B, H, N, G, D).permute(3, 0, 2, 1, 4)
 
 
-class FourierPlatonicAttention(ExactBuffers):
+class FourierPlatonicAttention(FrameAttention):
     """:class:`PlatonicAttention` on Fourier coefficients (:class:`~eqvit.nn.regular.RegularBasis`):
     ``[B, N, |G| C] -> [B, N, |G| C]``, the same parameters and function.
 
@@ -194,26 +208,16 @@ class FourierPlatonicAttention(ExactBuffers):
         fused: bool = True,
         scores: str = "frames",
     ) -> None:
-        super().__init__()
-        _check_heads(channels, num_heads, scores)
-        self.order, self.channels, self.num_heads = group.order, channels, num_heads
+        super().__init__(group, channels, num_heads, attn_drop, fused, scores)
         basis = RegularBasis(group, channels)
         self.in_type = self.out_type = basis.ftype
-        self.head_dim = channels // num_heads
-        self.scores = scores
-        self.sdpa = ScaledDotProductAttention(attn_drop, fused)
         self.qkv = GroupConvLinear(group, channels, 3 * channels, bias=qkv_bias, basis="fourier")
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self._add_qk_norms(qk_norm)
         self.proj = GroupConvLinear(group, channels, channels, basis="fourier")
         self.proj_drop = nn.Dropout(proj_drop)
         self.register_exact_buffer("to_frames", torch.from_numpy(np.array(basis.q)))
         self.register_exact_buffer("from_frames", torch.from_numpy(np.ascontiguousarray(basis.q.T)))
         self._attend = _frames_scores_by_frame if scores == "frames" else _invariant_scores_by_frame
-
-    @property
-    def fused(self) -> bool:
-        return self.sdpa.fused
 
     def forward(
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
@@ -224,9 +228,7 @@ class FourierPlatonicAttention(ExactBuffers):
         qkv, proj, buffers = self.qkv, self.proj, self._buffers
         rows = rows_out(x.reshape(B * N, dim), qkv.plan, *qkv.slab_weights(), 3 * C)  # [G, T, 3C]
         frames = torch.mm(buffers["to_frames"], rows.flatten(1)).view(G, B, N, 3, H, D)
-        qk = frames[:, :, :, :2]
-        if not isinstance(self.q_norm, nn.Identity):
-            qk = torch.stack([self.q_norm(qk[:, :, :, 0]), self.k_norm(qk[:, :, :, 1])], dim=3)
+        qk = self._stack_qk(frames, self.q_norm, self.k_norm, 3)
         if rope is not None:  # in place: frames is this call's own tensor
             qk = rope.rotate_qk_frames_(qk, num_prefix_tokens)
         heads = self._attend(qk[:, :, :, 0], qk[:, :, :, 1], frames[:, :, :, 2], self.sdpa)  # [G, B, N, H, D]
@@ -275,7 +277,7 @@ def _frames_mlp(m: PlatonicMlp, x: torch.Tensor) -> torch.Tensor:
 
 
 def _fourier_mlp(m: PlatonicMlp, x: torch.Tensor) -> torch.Tensor:
-    return m.drop(rows_mlp(m.fc1, m.act, m.fc2, x))
+    return m.drop(rows_mlp(m.fc1, m.act, m.fc2, x, m.drop))  # the hidden dropout on the frames' values
 
 
 def platonic_block(
