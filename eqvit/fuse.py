@@ -24,7 +24,7 @@ from torch import nn
 def _fold_method(module: nn.Module):
     """The module's ``fold`` when its class defines one as a method (a child module named ``fold`` is not)."""
     method = getattr(type(module), "fold", None)
-    return getattr(module, "fold") if isinstance(method, types.FunctionType) else None
+    return module.fold if isinstance(method, types.FunctionType) else None
 
 
 def fold_modules(module: nn.Module) -> nn.Module:

@@ -55,5 +55,5 @@ def test_a_graph_break_fails_fullgraph():
         return forward(x, *args)
 
     block.forward = breaking
-    with pytest.raises(Exception, match="(?i)graph break"):
+    with pytest.raises(Exception, match=r"(?i)graph break"):
         call(_compiled(model), random_input(model))

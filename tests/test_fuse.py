@@ -34,9 +34,15 @@ def test_fuse_computes_the_same_function(name):
     if hasattr(model, "forward_features") and hasattr(model, "forward_head"):
         with torch.no_grad():
             features = call(model.forward_features, x)
-            torch.testing.assert_close(call(fused.forward_features, x), features, rtol=0, atol=tolerance * features.abs().max())
-            torch.testing.assert_close(fused.forward_head(features), model.forward_head(features), rtol=0,
-                                       atol=tolerance * expected.abs().max())
+            torch.testing.assert_close(
+                call(fused.forward_features, x), features, rtol=0, atol=tolerance * features.abs().max()
+            )
+            torch.testing.assert_close(
+                fused.forward_head(features),
+                model.forward_head(features),
+                rtol=0,
+                atol=tolerance * expected.abs().max(),
+            )
 
 
 @pytest.mark.parametrize("name", TEST_MODELS)

@@ -20,6 +20,7 @@ from typing import Any
 # name -> one line (kept here, so that listing imports no benchmark)
 BENCHMARKS: dict[str, str] = {
     "ablate": "cross-group ablations on the sphere, images and point clouds (swe | images | points | attention)",
+    "compile": "torch.compile (Inductor) against eager per family: time, graph breaks, first-call time",
     "device": "the device and the flash-attention SDPA check as JSON (benchmarks/_device.py)",
     "fuse_agreement": "eqvit.fuse against the training form for every registered model (float64)",
     "groups_timing": "cold construction time of the Platonic groups",

@@ -21,10 +21,9 @@ ratio to timm (and the median time). Per model and size: parameters, FLOPs
 (``torch.utils.flop_counter.FlopCounterMode``, 2 per multiply-add, batch 1), the fp32 invariance
 error (max over the 8 D4 image transforms of ``|f(g x) - f(x)|_max / |f(x)|_max``), a training step
 (the training form, forward + backward of a cross-entropy loss + an AdamW update at batch 8, interleaved like the
-forwards, ratio to timm) and its peak memory (the rise of the process' peak resident set over the
-step: ``/proc/self/clear_refs`` resets the high-water mark after ``malloc_trim``; Linux only, else
-not measured) and the peak allocated tensor memory of the step (:func:`eqvit.bench._memory.peak_allocated_mb`,
-the CPU analogue of ``torch.cuda.max_memory_allocated``, independent of the C allocator).
+forwards, ratio to timm) and the peak allocated tensor memory of the step
+(:func:`eqvit.bench._memory.peak_allocated_mb`, the CPU analogue of ``torch.cuda.max_memory_allocated``,
+independent of the C allocator).
 Memory of training, two ways: the step's own peak (activations and gradients: "allocated"), and the
 whole iteration's peak that ``torch.cuda.max_memory_allocated`` reports on a GPU ("total": parameters
 and AdamW state, which live across steps, plus the peak of forward, backward and the optimizer update;
@@ -40,8 +39,6 @@ Writes ``benchmarks/results/scale_speed.json`` (``--out``) and prints a table.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import importlib
 import json
 import os
@@ -164,39 +161,6 @@ def summarise(times: dict[str, list[float]], reference: str = "timm") -> dict[st
     }
 
 
-def _libc():
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
-
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def peak_step_mb(step: Callable[[], None]) -> float | None:
-    """Rise of the peak resident set over one call of ``step`` (MiB), or None where it cannot be read."""
-    gc.collect()
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to the current RSS
-    except OSError:
-        return None
-    before = _status_kb("VmRSS")
-    step()
-    peak = _status_kb("VmHWM")
-    return None if before is None or peak is None else (peak - before) / 1024
-
-
 def train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> Callable[[], None]:
     """One training iteration: forward, cross-entropy backward and an AdamW update."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -300,15 +264,12 @@ def run(args: argparse.Namespace) -> dict:
             times = interleaved(steps, args.train_rounds)
             training = dict(batch=args.train_batch, load=[load0, os.getloadavg()[0]], models=summarise(times))
             for n, step in steps.items():
-                training["models"][n]["peak_mb"] = peak_step_mb(step)
                 training["models"][n]["peak_allocated_mb"] = peak_allocated_mb(step)
                 training["models"][n]["training_memory_mb"] = training_memory_mb(built[n][0], xb, target)
-            timm_peak = training["models"]["timm"]["peak_mb"]
             timm_alloc = training["models"]["timm"]["peak_allocated_mb"]
             timm_total = training["models"]["timm"]["training_memory_mb"]
             for n in steps:
                 m = training["models"][n]
-                m["peak_ratio"] = None if not (m["peak_mb"] and timm_peak) else m["peak_mb"] / timm_peak
                 m["peak_allocated_ratio"] = m["peak_allocated_mb"] / timm_alloc
                 m["training_memory_ratio"] = m["training_memory_mb"] / timm_total
         profiles = {}
@@ -345,15 +306,6 @@ def table(result: dict) -> str:
             lines.append(
                 f"{'train b=' + str(t['batch']) + ' (load ' + format(t['load'][0], '.1f') + ')':28s}"
                 + "".join(f"{t['models'][n]['ratio']:13.3f}x" for n in names)
-            )
-            lines.append(
-                f"{'train peak MiB (/timm)':28s}"
-                + "".join(
-                    "           n/a"
-                    if t["models"][n]["peak_mb"] is None
-                    else f"{t['models'][n]['peak_mb']:7.0f} ({t['models'][n]['peak_ratio']:.2f})".rjust(14)
-                    for n in names
-                )
             )
             lines.append(
                 f"{'train allocated MiB (/timm)':28s}"

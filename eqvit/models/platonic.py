@@ -358,7 +358,10 @@ def build_platonic(
             head=head,
             posenc=(
                 FrameInvariantAPE(
-                    frames, tokenizer.positions.numpy().copy(), FeatureType.frames(frames, channels), coefficients=coefficients
+                    frames,
+                    tokenizer.positions.numpy().copy(),
+                    FeatureType.frames(frames, channels),
+                    coefficients=coefficients,
                 )
                 if posenc == "invariant_ape"
                 else scheme(tokenizer.positions)

@@ -9,10 +9,10 @@ from eqvit.nn.layers import Block, DropPath, FeatureGather, Mlp, vit_block
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.platonic import (
-    FramePool,
-    FramePoolDense,
     FourierPlatonicAttention,
     FourierToFrames,
+    FramePool,
+    FramePoolDense,
     InvariantPoolHead,
     PlatonicAttention,
     PlatonicMlp,

@@ -74,7 +74,7 @@ class FoldedSchurLinear(nn.Module):
         # Slabs sharing one matrix (the components of a real-type irrep) keep one buffer.
         self._mat_of: list[int] = []
         kept: dict[int, int] = {}
-        for t, mat in enumerate(mats):
+        for mat in mats:
             if mat is None:
                 self._mat_of.append(-1)
                 continue

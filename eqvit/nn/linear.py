@@ -21,6 +21,7 @@ Two forwards, chosen at construction from the feature types' layouts:
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,7 @@ from torch import nn
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.schur import SlabPlan, apply_slabs, slab_plan
+
 
 class IrrepLinear(ExactBuffers):
     """``V' -> V''``: ``W = (W_rho)``, ``W_rho = sum_i w_i (x) L_i`` (eq. 4), plus a trivial-irrep bias (eq. 5).

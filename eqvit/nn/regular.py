@@ -35,7 +35,7 @@ from eqvit.nn.activation import homogeneous_fourier_basis
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.norm import IrrepLayerNorm
-from eqvit.nn.schur import SlabPlan, apply_slabs, slab_plan, type_slabs
+from eqvit.nn.schur import SlabPlan, apply_slabs, slab_plan
 
 IMPLEMENTATIONS = ("auto", "cayley", "fourier")
 BASES = ("frames", "fourier")
@@ -182,7 +182,9 @@ def _conv_coefficients(group: FiniteGroup) -> tuple[list[np.ndarray], list[int]]
             m = c
             shared = blocks[:, :m, :m]
             if not np.allclose(blocks, np.einsum("ab,hkl->hakbl", np.eye(rho.dim), shared).reshape(blocks.shape)):
-                raise ValueError(f"the convolution of {group.name} does not share its blocks over {rho.name}'s components")
+                raise ValueError(
+                    f"the convolution of {group.name} does not share its blocks over {rho.name}'s components"
+                )
             coefficients.append(np.ascontiguousarray(shared))
             slabs.append(rho.dim)
         else:
