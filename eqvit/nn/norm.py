@@ -8,7 +8,7 @@ whole token (all representation matrices are orthogonal), ``gamma`` is one scala
 The forward pass is six ops: ``x @ (-mask / n)`` (a GEMV giving minus the centre mean as
 ``[..., 1]``; faster than a sum over a slice of the last axis), one ``addcmul`` for the centring,
 then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / hypot(|z|, sqrt(dim eps))`` as ``vector_norm`` +
-``hypot``, and ``mul`` + ``addcdiv(beta, gamma' z, .)`` with ``gamma' = sqrt(dim) gamma``.
+``hypot``, and ``div`` + ``addcmul(beta, z / den, gamma')`` with ``gamma' = sqrt(dim) gamma``.
 ``F.layer_norm`` cannot do it in one op on irrep-wise features: it subtracts the mean over all
 channels, and the centred token ``z`` has no zero mean in general.
 """
@@ -38,34 +38,34 @@ def irrep_layer_norm(
     ``gamma' = sqrt(dim) gamma``, ``beta``, centre ``mask``, ``-mask / n`` column and ``sqrt(dim eps)``."""
     z = torch.addcmul(x, x @ neg_center_col, mask)
     den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
-    return torch.addcdiv(beta, z * gamma, den)
+    return torch.addcmul(beta, z / den, gamma)
 
 
 class _IrrepLayerNorm(torch.autograd.Function):
-    """:func:`irrep_layer_norm` with its backward written out: keeps the input and two numbers per token
-    (minus the centre mean, the scale), where autograd would keep the centred token twice over."""
+    """:func:`irrep_layer_norm` with its backward written out: keeps the normalised token ``u = z / den`` and
+    one number per token (the scale), where autograd would keep the centred token twice over, and works in
+    place on its own temporaries (fewer passes over the tokens than autograd's)."""
 
     @staticmethod
     def forward(ctx, x, neg_center_col, mask, gamma, beta, root):
-        neg_mean = x @ neg_center_col
-        z = torch.addcmul(x, neg_mean, mask)
+        z = torch.addcmul(x, x @ neg_center_col, mask)
         den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
-        ctx.save_for_backward(x, neg_mean, den, neg_center_col, mask, gamma)
-        return torch.addcdiv(beta, z * gamma, den)
+        unit = z.div_(den)
+        ctx.save_for_backward(unit, den, neg_center_col, mask, gamma)
+        return torch.addcmul(beta, unit, gamma)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        # y = beta + gamma z / den, den = sqrt(|z|^2 + dim eps), z = x + (x @ n) mask (n = -centre weights):
-        # dz = (g - u (u . g)) / den with u = z / den, g = gamma dy; dx = dz + (dz @ mask) n.
-        x, neg_mean, den, neg_center_col, mask, gamma = ctx.saved_tensors
-        unit = torch.addcmul(x, neg_mean, mask).div_(den)  # z / den
+        # y = beta + gamma u, u = z / den, den = sqrt(|z|^2 + dim eps), z = x + (x @ n) mask (n = -centre weights):
+        # dz = (g - u (u . g)) / den with g = gamma dy; dx = dz + (dz @ mask) n.
+        unit, den, neg_center_col, mask, gamma = ctx.saved_tensors
         lead = tuple(range(grad.ndim - 1))
         grad_gamma = (grad * unit).sum(lead) if ctx.needs_input_grad[3] else None
         grad_beta = grad.sum(lead) if ctx.needs_input_grad[4] else None
         g = grad * gamma
-        dz = torch.addcmul(g, unit, torch.linalg.vecdot(unit, g).unsqueeze(-1), value=-1).div_(den)
-        grad_x = torch.addcmul(dz, dz @ mask.unsqueeze(-1), neg_center_col.squeeze(-1))
+        dz = g.addcmul_(unit, torch.linalg.vecdot(unit, g).unsqueeze(-1), value=-1).div_(den)
+        grad_x = dz.addcmul_(dz @ mask.unsqueeze(-1), neg_center_col.squeeze(-1))
         return grad_x, None, None, grad_gamma, grad_beta, None
 
 
