@@ -17,7 +17,9 @@ before and after each row.
 Usage::
 
     python benchmarks/compile.py                       # every family, both forms, batch 2, 1 thread
-    python benchmarks/compile.py --names o2vit_d4_small_patch16_224 --forms train --batch 8
+    python benchmarks/compile.py --names o2vit_d4_small_patch16_224 vit_small_patch16_224 --forms train --batch 8
+
+A name that is not eqvit's but timm's builds timm's model (a baseline row; its "fused" form is itself).
 
 Writes ``benchmarks/results/compile.json`` (``--out``) and prints a table.
 """
@@ -55,9 +57,11 @@ def family_models() -> list[str]:
 
 
 def _inputs(model: nn.Module, batch: int) -> tuple[torch.Tensor, ...]:
-    x = model.domain.random_input(
-        batch, model.in_chans, generator=torch.Generator().manual_seed(0), dtype=torch.float32
-    )
+    """What the model's domain feeds (eqvit), or an image batch of its ``pretrained_cfg`` size (timm)."""
+    gen = torch.Generator().manual_seed(0)
+    if not hasattr(model, "domain"):
+        return (torch.randn(batch, *model.pretrained_cfg["input_size"], generator=gen),)
+    x = model.domain.random_input(batch, model.in_chans, generator=gen, dtype=torch.float32)
     return x if isinstance(x, tuple) else (x,)
 
 
@@ -94,9 +98,14 @@ def _interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str,
 
 
 def _build(name: str) -> nn.Module:
-    """The registered model ``name`` with its default init (seeded)."""
+    """The registered model ``name`` with its default init (seeded); a timm name (not eqvit's) builds timm's
+    model, for a baseline row."""
     torch.manual_seed(0)
-    return eqvit.create_model(name)
+    if name in eqvit.list_models():
+        return eqvit.create_model(name)
+    import timm
+
+    return timm.create_model(name)
 
 
 def measure(name: str, form: str, batch: int, rounds: int, backend: str) -> dict:
@@ -154,9 +163,11 @@ def main(argv: list[str] | None = None) -> dict:
             f"--batch, --rounds and --threads must be positive, got {args.batch}, {args.rounds}, {args.threads}"
         )
     names = args.names or family_models()
-    unknown = [n for n in names if n not in eqvit.list_models()]
+    import timm
+
+    unknown = [n for n in names if n not in eqvit.list_models() and not timm.is_model(n)]
     if unknown:
-        parser.error(f"unknown model names {unknown}; see `eqvit list`")
+        parser.error(f"unknown model names {unknown}: neither eqvit's (see `eqvit list`) nor timm's")
     torch.set_num_threads(args.threads)
     # The first call should be the cold cost: Inductor's on-disk caches would make a rerun look free.
     torch._inductor.config.force_disable_caches = True
