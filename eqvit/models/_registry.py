@@ -44,6 +44,22 @@ def strip_timm_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in TIMM_ONLY_KWARGS}
 
 
+CLASSIFIER_KWARGS = ("num_classes", "global_pool")
+
+
+def refuse_classifier_kwargs(variant: str, kwargs: dict[str, Any]) -> None:
+    """A dense model (one output field on the input's grid) has no classifier: ``num_classes`` or
+    ``global_pool`` is a ValueError saying so and what to pass instead."""
+    given = [key for key in CLASSIFIER_KWARGS if key in kwargs]
+    if given:
+        raise ValueError(
+            f"{variant} is a dense model: it returns a field of out_chans channels on every point of its input "
+            f"grid ([B, out_chans, *grid]), not class logits, so it takes no {' or '.join(given)}; pass "
+            f"out_chans=N for N output channels, or use a classifier family (o2vit_*, platonic_image_*, "
+            f"platonic_points_*) for logits"
+        )
+
+
 def list_models(pattern: str = "*") -> list[str]:
     """Registered model names matching the fnmatch ``pattern``, sorted."""
     return sorted(name for name in _ENTRYPOINTS if fnmatch.fnmatch(name, pattern))

@@ -35,7 +35,7 @@ from torch import nn
 from eqvit.data.shallow_water import latlon_points
 from eqvit.geometry.domain import PointDomain, parameter_dtype
 from eqvit.models._checks import check_model_args
-from eqvit.models._registry import register_model, strip_timm_kwargs
+from eqvit.models._registry import refuse_classifier_kwargs, register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import _create as create_so3vit
 from eqvit.models.vit import EquivariantViT
@@ -230,6 +230,7 @@ class S2TransformerBaseline(nn.Module):
 
 
 def _create_s2transformer(variant: str, **kwargs: Any) -> S2TransformerBaseline:
+    refuse_classifier_kwargs(variant, kwargs)
     options = pop_options(kwargs)
     model = S2TransformerBaseline(**strip_timm_kwargs(kwargs))
     return finish(

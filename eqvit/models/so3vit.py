@@ -38,7 +38,7 @@ from eqvit.geometry.domain import PointDomain
 from eqvit.geometry.icosphere import icosphere
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.models._checks import check_model_args
-from eqvit.models._registry import register_model, strip_timm_kwargs
+from eqvit.models._registry import refuse_classifier_kwargs, register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.posenc import LatitudeEncoding, LearnedAPE, NoPositionalEncoding, OrbitAPE, SO3RoPE
@@ -135,6 +135,7 @@ def build_so3vit(
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:
     """Build and attach timm's ``pretrained_cfg`` (:mod:`eqvit.models._timm`); a dense model, no classifier."""
+    refuse_classifier_kwargs(variant, kwargs)
     options = pop_options(kwargs)
     model = build_so3vit(**strip_timm_kwargs(kwargs))
     return finish(
