@@ -466,3 +466,20 @@ def test_dense_models_refuse_classifier_arguments(name, key):
     for create in (eqvit.create_model, timm.create_model):
         with pytest.raises(ValueError, match=rf"dense model.*no {key}.*out_chans="):
             create(name, **{key: value})
+
+
+@pytest.mark.parametrize("name", ["o2vit_square_tiny", "platonic_image_tiny", "so3vit_tiny", "platonic_points_tiny"])
+def test_builders_take_timms_placement_arguments(name):
+    """timm passes device= and dtype= to every builder (its tests build on the meta device)."""
+    meta = timm.create_model(name, device="meta")
+    assert {p.device.type for p in meta.parameters()} == {"meta"}
+    double = eqvit.create_model(name, dtype=torch.float64)
+    assert {p.dtype for p in double.parameters()} == {torch.float64}
+    torch.manual_seed(0)
+    reference = eqvit.create_model(name).double().eval()
+    torch.manual_seed(0)
+    placed = eqvit.create_model(name, dtype=torch.float64).eval()
+    x = reference.domain.random_input(2, reference.in_chans, dtype=torch.float64)
+    x = x if isinstance(x, tuple) else (x,)
+    with torch.no_grad():
+        torch.testing.assert_close(placed(*x), reference(*x), rtol=0, atol=0)

@@ -17,14 +17,16 @@ from torch import nn
 
 # Keyword arguments timm's ``create_model`` passes for feature extraction and config overlays.
 FEATURE_OPTIONS = ("features_only", "out_indices", "feature_cls", "output_fmt")
+PLACEMENT = ("device", "dtype")  # applied to the built model, as timm's factory_kwargs place its models
 DEFAULT_OUT_INDICES = 3  # timm's ViTs: the last three blocks
 # eqvit's image datasets are scaled to [-1, 1] (eqvit.data.images).
 IMAGE_MEAN = IMAGE_STD = 0.5
 
 
 def pop_options(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Remove the feature-extraction options and ``pretrained_cfg_overlay`` from ``kwargs``; return them."""
-    options = {name: kwargs.pop(name) for name in FEATURE_OPTIONS if name in kwargs}
+    """Remove the feature-extraction options, ``pretrained_cfg_overlay`` and the placement (``device``,
+    ``dtype``, which timm passes to every builder) from ``kwargs``; return them."""
+    options = {name: kwargs.pop(name) for name in (*FEATURE_OPTIONS, *PLACEMENT) if name in kwargs}
     options["pretrained_cfg_overlay"] = kwargs.pop("pretrained_cfg_overlay", None)
     return options
 
@@ -90,6 +92,9 @@ def finish(model: nn.Module, variant: str, options: dict[str, Any], **cfg: Any) 
     model.pretrained_cfg = model.default_cfg = model_cfg(
         model, variant, overlay=options.get("pretrained_cfg_overlay"), **cfg
     )
+    placement = {key: options[key] for key in PLACEMENT if options.get(key) is not None}
+    if placement:
+        model.to(**placement)
     if not options.get("features_only", False):
         extra = sorted(set(options) & {"out_indices", "feature_cls", "output_fmt"})
         if extra:
