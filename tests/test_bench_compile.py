@@ -14,7 +14,7 @@ from eqvit.bench import compile as compile_bench
 def test_rows_report_breaks_times_and_agreement(tmp_path):
     out = tmp_path / "compile.json"
     result = compile_bench.main(
-        ["--names", "vit_ape_tiny", "--rounds", "1", "--backend", "aot_eager", "--out", str(out)]
+        ["--names", "o2vit_square_tiny", "--rounds", "1", "--backend", "aot_eager", "--out", str(out)]
     )
     assert json.loads(out.read_text()) == result
     rows = {row["form"]: row for row in result["rows"]}
@@ -41,7 +41,7 @@ def test_a_graph_break_is_reported_in_its_row(monkeypatch):
         return model
 
     monkeypatch.setattr(compile_bench, "_build", breaking_model)
-    row = compile_bench.measure("vit_ape_tiny", "fused", 1, 1, "aot_eager")
+    row = compile_bench.measure("o2vit_square_tiny", "fused", 1, 1, "aot_eager")
     assert row["graph_breaks"] >= 1 and "error" in row
 
 

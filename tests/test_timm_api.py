@@ -458,7 +458,7 @@ def test_resolved_data_config_transforms_a_pil_image_into_model_input(name, mode
     assert out.shape == (1, model.num_classes) and torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("name", ["so3vit_tiny", "vit_ape_tiny", "s2transformer_tiny", "platonic_sphere_tiny"])
+@pytest.mark.parametrize("name", ["so3vit_tiny", "vit_ape_tiny", "s2transformer_tiny"])
 @pytest.mark.parametrize("key", ["num_classes", "global_pool"])
 def test_dense_models_refuse_classifier_arguments(name, key):
     """A dense model says why it takes no classifier argument and what to pass, through both registries."""

@@ -32,7 +32,7 @@ from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.groups.base import match_matrices
 from eqvit.models._checks import check_model_args
-from eqvit.models._registry import refuse_classifier_kwargs, register_model, strip_timm_kwargs
+from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options
 from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
 from eqvit.models.vit import EquivariantViT
@@ -421,8 +421,6 @@ def on_frame_stream(model: EquivariantViT) -> EquivariantViT:
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:
     """Build, attach timm's ``pretrained_cfg`` and honour ``features_only`` (:mod:`eqvit.models._timm`)."""
-    if kwargs["kind"] == "sphere":
-        refuse_classifier_kwargs(variant, kwargs)
     options = pop_options(kwargs)
     model = build_platonic(**strip_timm_kwargs(kwargs))
     kind = kwargs["kind"]
