@@ -9,10 +9,10 @@ family's first registered name) and each form:
 
 the table gives the graph breaks ``torch._dynamo.explain`` counts, the first compiled call (tracing and
 Inductor's code generation, with Inductor's on-disk caches off so that it is the cold cost), the median of
-eager and compiled over ``--rounds`` interleaved rounds (order swapped every round), their ratio, and the
-largest difference of the compiled output from eager. The compiled model is ``torch.compile(model,
-fullgraph=True)``: a graph break is an error, reported in the row. ``os.getloadavg()`` is recorded
-before and after each row.
+eager and compiled over ``--rounds`` interleaved rounds (:func:`~eqvit.bench.scale_speed.interleaved`, the
+order rotating every round), their ratio, and the largest difference of the compiled output from eager.
+The compiled model is ``torch.compile(model, fullgraph=True)``: a graph break is an error, reported in the
+row. ``os.getloadavg()`` is recorded before and after each row.
 
 Usage::
 
@@ -40,6 +40,7 @@ from torch import nn
 
 import eqvit
 from eqvit.bench._paths import display_path, results_dir
+from eqvit.bench.scale_speed import interleaved
 
 DEFAULT_OUT = results_dir() / "compile.json"
 FORMS = ("train", "fused")
@@ -85,18 +86,6 @@ def _callables(model: nn.Module, form: str, x: tuple[torch.Tensor, ...]) -> Call
     return forward_backward
 
 
-def _interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median seconds per call of each function over ``rounds`` rounds, order swapped every round."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def _build(name: str) -> nn.Module:
     """The registered model ``name`` with its default init (seeded); a timm name (not eqvit's) builds timm's
     model, for a baseline row."""
@@ -131,7 +120,8 @@ def measure(name: str, form: str, batch: int, rounds: int, backend: str) -> dict
         return row
     expected = run(model)
     row["max_abs_diff"] = float((out - expected).abs().max())
-    medians = _interleaved({"eager": lambda: run(model), "compiled": lambda: run(compiled)}, rounds)
+    times = interleaved({"eager": lambda: run(model), "compiled": lambda: run(compiled)}, rounds)
+    medians = {key: statistics.median(t) for key, t in times.items()}
     row.update(eager_ms=1e3 * medians["eager"], compiled_ms=1e3 * medians["compiled"])
     row["compiled_over_eager"] = medians["compiled"] / medians["eager"]
     row["load"] = load + [os.getloadavg()[0]]

@@ -27,6 +27,13 @@ def qk_stacker(qk_norm: bool) -> Callable[[torch.Tensor, nn.Module, nn.Module, i
     return _qk_normed if qk_norm else _qk_view
 
 
+def qk_norms(head_dim: int, qk_norm: bool) -> tuple[nn.Module, nn.Module, Callable]:
+    """``(q_norm, k_norm, stack)``: LayerNorms over the head dim ``D`` (or identities) and the matching
+    :func:`qk_stacker`, what every attention with timm's ``qk_norm`` flag builds."""
+    make = (lambda: nn.LayerNorm(head_dim)) if qk_norm else nn.Identity
+    return make(), make(), qk_stacker(qk_norm)
+
+
 class Attention(nn.Module):
     """timm-style attention: qkv projection, optional qk-norm, SDPA, output projection.
 
@@ -60,9 +67,7 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.sdpa = ScaledDotProductAttention(attn_drop, fused)
         self.qkv = vit_linear(dim, dim * 3, bias=qkv_bias)
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self._stack_qk = qk_stacker(qk_norm)
+        self.q_norm, self.k_norm, self._stack_qk = qk_norms(self.head_dim, qk_norm)
         self.proj = vit_linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 

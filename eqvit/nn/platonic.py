@@ -22,7 +22,7 @@ from torch import nn
 
 from eqvit.groups import FiniteGroup
 from eqvit.nn.activation import FourierActivation
-from eqvit.nn.attention import qk_stacker
+from eqvit.nn.attention import qk_norms
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_blocks import rows_mlp
@@ -66,12 +66,6 @@ class FrameAttention(ExactBuffers):
         self.head_dim = channels // num_heads
         self.scores = scores
         self.sdpa = ScaledDotProductAttention(attn_drop, fused)
-
-    def _add_qk_norms(self, qk_norm: bool) -> None:
-        """The q and k LayerNorms over ``D`` (shared across frames and heads), or identities."""
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self._stack_qk = qk_stacker(qk_norm)
 
     @property
     def fused(self) -> bool:
@@ -119,7 +113,7 @@ class PlatonicAttention(FrameAttention):
         super().__init__(group, channels, num_heads, attn_drop, fused, scores)
         self.in_type = self.out_type = FeatureType.frames(group, channels)
         self.qkv = GroupConvLinear(group, channels, 3 * channels, bias=qkv_bias, impl=impl)
-        self._add_qk_norms(qk_norm)
+        self.q_norm, self.k_norm, self._stack_qk = qk_norms(self.head_dim, qk_norm)  # shared over frames, heads
         self.proj = GroupConvLinear(group, channels, channels, impl=impl)
         self.proj_drop = nn.Dropout(proj_drop)
         # Row r of the qkv output in (q/k/v, frame, channel) order reads row (frame, q/k/v, channel);
@@ -212,7 +206,7 @@ class FourierPlatonicAttention(FrameAttention):
         basis = RegularBasis(group, channels)
         self.in_type = self.out_type = basis.ftype
         self.qkv = GroupConvLinear(group, channels, 3 * channels, bias=qkv_bias, basis="fourier")
-        self._add_qk_norms(qk_norm)
+        self.q_norm, self.k_norm, self._stack_qk = qk_norms(self.head_dim, qk_norm)  # shared over frames, heads
         self.proj = GroupConvLinear(group, channels, channels, basis="fourier")
         self.proj_drop = nn.Dropout(proj_drop)
         self.register_exact_buffer("to_frames", torch.from_numpy(np.array(basis.q)))

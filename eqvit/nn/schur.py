@@ -138,7 +138,7 @@ def rows_out(
     for (s, width), w, b in zip(plan.terms, mats, biases):
         count = _check_rows(start, width, n)
         if s < 0:
-            rows += [_constant(x, (len(x),), n, None if b is None else bias) for bias in _row_parts(b, n, count)]
+            rows += [_constant(x, (len(x),), n, bias) for bias in _row_parts(b, n, count)]
         else:
             rows += [F.linear(slabs[s], part, bias) for part, bias in zip(w.split(n), _row_parts(b, n, count))]
         start += width
