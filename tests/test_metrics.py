@@ -10,6 +10,7 @@ from eqvit.train.metrics import (
     SphereErrorMap,
     grid_latitudes,
     latlon_quadrature_weights,
+    lp_error,
     polar_error_ratio,
     relative_lp_error,
     weighted_mean,
@@ -79,6 +80,42 @@ def test_relative_lp_error_values(p, domain, grid_w, points):
     torch.testing.assert_close(relative_lp_error(pred, target, w, p=p, reduction="none"), ref)
     torch.testing.assert_close(relative_lp_error(pred, target, w, p=p, reduction="channel"), ref.mean(0))
     torch.testing.assert_close(relative_lp_error(pred, target, w, p=p, dims=dims), ref.mean())
+
+
+@pytest.mark.parametrize("grid", ["equiangular", "legendre-gauss"])
+def test_lp_error_is_torch_harmonics_l1_and_l2_loss(grid):
+    """The seed's l1 / l2: torch-harmonics' L1LossS2 / L2LossS2 (weights normalised to 1, mean over [B, C])."""
+    from torch_harmonics.examples.losses import L1LossS2, L2LossS2
+
+    w = latlon_quadrature_weights(NLAT, NLON, grid=grid)
+    target = torch.randn(3, 2, NLAT, NLON, dtype=torch.float64)
+    pred = target + 0.1 * torch.randn_like(target)
+    th_l1 = L1LossS2(NLAT, NLON, grid=grid).double()(pred, target)
+    th_l2 = L2LossS2(NLAT, NLON, grid=grid).double()(pred, target)
+    torch.testing.assert_close(lp_error(pred, target, w, p=1), th_l1, rtol=1e-6, atol=0)
+    torch.testing.assert_close(lp_error(pred, target, w, p=2), th_l2, rtol=1e-6, atol=0)
+    # the weights' scale does not matter; [nlat, 1] weights are the same
+    torch.testing.assert_close(lp_error(pred, target, 7.0 * w[:, :1], p=2), th_l2, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_relative_error_is_the_error_over_the_norm_of_the_target(p, points):
+    """rel_Lp = Lp(pred - target) / Lp(target), per sample and channel; for a Gaussian field the mean
+    absolute value is sqrt(2 / pi) = 0.80 of the root mean square, which is why rel_L1 ~ rel_L2 while
+    L1 ~ 0.8 L2 when both the error and the target are Gaussian-like."""
+    _, w = points
+    target = torch.randn(4, 3, 400, dtype=torch.float64)
+    pred = target + 0.1 * torch.randn_like(target)
+    ratio = lp_error(pred, target, w, p=p, reduction="none") / lp_error(
+        torch.zeros_like(target), target, w, p=p, reduction="none"
+    )
+    torch.testing.assert_close(relative_lp_error(pred, target, w, p=p, reduction="none"), ratio)
+    big = torch.randn(2, 1, 40_000, dtype=torch.float64)
+    flat = torch.ones(40_000, dtype=torch.float64)
+    zero = torch.zeros_like(big)
+    assert lp_error(zero, big, flat, p=1).item() / lp_error(zero, big, flat, p=2).item() == pytest.approx(
+        math.sqrt(2 / math.pi), abs=0.01
+    )
 
 
 def test_relative_lp_error_is_differentiable(grid_w):

@@ -48,6 +48,9 @@ def test_step_one_is_the_one_step_evaluation_and_truth_is_the_solver(tiny):
     assert first["rel_l1"] == pytest.approx(one["rel_l1"], rel=1e-6)
     assert first["polar_error_ratio"] == pytest.approx(one["polar_error_ratio"], rel=1e-6)
     assert first["persistence_rel_l2"] == pytest.approx(base["rel_l2"], rel=1e-6)
+    for key in ("l1", "l2"):  # the seed's errors too
+        assert first[key] == pytest.approx(one[key], rel=1e-6)
+        assert first[f"persistence_{key}"] == pytest.approx(base[key], rel=1e-6)
     assert [s["step"] for s in result["steps"]] == [1, 2, 3]
     assert result["first_nonfinite_step"] is None
     # persistence at step 3 is the initial state against the solver's state 3 hours on
@@ -109,7 +112,8 @@ def test_eval_rollout_cli_writes_json_and_png(tiny, tmp_path):
         == 0
     )
     report = json.loads((out / "rollout.json").read_text())
-    wanted = {"rel_l1", "rel_l2", "persistence_rel_l1", "persistence_rel_l2", "polar_error_ratio"}
+    wanted = {"rel_l1", "rel_l2", "l1", "l2", "persistence_rel_l1", "persistence_rel_l2", "persistence_l2"}
+    wanted.add("polar_error_ratio")
     assert all(wanted <= set(step) for step in report["steps"])
     assert len(report["steps"]) == 2 and report["model"] == "so3vit_tiny"
     assert (out / "rollout.png").stat().st_size > 10_000

@@ -605,6 +605,27 @@ class ShallowWaterData:
             return {d: (self.fields(spec_x, d), self.fields(spec_y, d)) for d in ("points", "grid")}
         return self.fields(spec_x, domain), self.fields(spec_y, domain)
 
+    def next_rollout_batch(self, batch_size: int, num_steps: int, domain: str | None = None):
+        """Next training batch with ``num_steps`` targets: ``(x [B, 3, ...], targets [K, B, 3, ...])``.
+
+        ``x`` and ``targets[0]`` are the pair :meth:`next_batch` would give (the same draw from the
+        stream); ``targets[k]`` is the solver's state ``k + 1`` steps after ``x``. ``domain``: ``"points"``
+        or ``"grid"``, as :meth:`next_batch`.
+        """
+        domain = self.default_domain if domain is None else domain
+        if domain not in ("points", "grid"):
+            raise ValueError(f"unknown domain {domain!r}; expected 'points' or 'grid'")
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"expected num_steps to be an integer >= 1, got {num_steps!r}")
+        if domain == "points" and self.basis is None:
+            raise ValueError("domain 'points' needs a point set: construct ShallowWaterData(points=...)")
+        spec_x, spec = self.next_spectral_pairs(batch_size)
+        targets = [self.fields(spec, domain)]
+        for _ in range(num_steps - 1):
+            spec = self.step(spec)
+            targets.append(self.fields(spec, domain))
+        return self.fields(spec_x, domain), torch.stack(targets)
+
     def batches(self, batch_size: int, domain: str | None = None, num_batches: int | None = None):
         """Generator of :meth:`next_batch` results (endless when ``num_batches`` is None)."""
         i = 0

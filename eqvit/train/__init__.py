@@ -11,6 +11,7 @@ _LAZY = {
     "Trainer": "engine",
     "fit_classifier": "classify",
     "relative_lp_error": "metrics",
+    "lp_error": "metrics",
     "latlon_quadrature_weights": "metrics",
     "SphereErrorMap": "metrics",
     "polar_error_ratio": "metrics",
@@ -26,6 +27,7 @@ __all__ = [
     "Trainer",
     "fit_classifier",
     "latlon_quadrature_weights",
+    "lp_error",
     "polar_error_ratio",
     "relative_lp_error",
 ]

@@ -179,6 +179,14 @@ class TrainConfig:
     the best evaluation is kept as ``OUT/best.safetensors`` beside ``last.safetensors`` (which stays the
     last step's, for resuming); ``metrics.json`` records ``best_step`` and ``stopped_early``. Not to be
     confused with ``schedule.patience`` (the plateau LR schedule's).
+
+    Multi-step training (shallow water): ``rollout_steps: K`` trains on the loss averaged over K
+    autoregressive steps (the model fed its own predictions, gradients through the whole unroll;
+    K = 1 is one-step training); ``rollout_schedule`` is a curriculum ``{step: K}`` that sets K from
+    that optimiser step on (before its first key K is ``rollout_steps``), e.g. ``{0: 2, 400: 4}``.
+    ``grad_checkpointing`` recomputes each block's activations in backward
+    (``model.set_grad_checkpointing()``), so memory grows with K by one block input per step, not by
+    every activation of the model (:mod:`eqvit.train.multistep`).
     """
 
     max_steps: int = 100
@@ -197,8 +205,15 @@ class TrainConfig:
     sdpa_backend: str | None = None  # GPU only: "flash", "efficient", "math", "cudnn"
     patience: int | None = None  # evaluations without a better `monitor` before stopping (null: never)
     monitor: str | None = None  # validation metric (null: the task's; accuracy up, rel_l2 down)
+    rollout_steps: int = 1  # K: the loss over K autoregressive steps (1: one-step training)
+    rollout_schedule: dict[int, int] = field(default_factory=dict)  # curriculum {from step: K}
+    grad_checkpointing: bool = False  # recompute block activations in backward (less memory)
 
     def __post_init__(self) -> None:
+        check_range("train.rollout_steps", self.rollout_steps, 1)
+        for step, k in self.rollout_schedule.items():
+            check_range(f"train.rollout_schedule key {step!r} (an optimiser step)", step, 0)
+            check_range(f"train.rollout_schedule.{step} (rollout steps K)", k, 1)
         check_range("train.max_steps", self.max_steps, 1)
         check_range("train.max_epochs", self.max_epochs, 0, strict=True, optional=True)
         check_range("train.max_minutes", self.max_minutes, 0, strict=True, optional=True)

@@ -60,6 +60,7 @@ from eqvit.train.checkpoint import (
     save_checkpoint,
 )
 from eqvit.train.config import ConfigError, ExperimentConfig, RelaxationConfig, ScheduleConfig
+from eqvit.train.multistep import check_multistep, rollout_events, rollout_steps_at, unrolled_loss
 from eqvit.train.tasks import Task, build_task, check_dataset_name
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
@@ -474,6 +475,7 @@ class Trainer:
         self.eval_every = self._eval_every()
         self.relaxations = relaxation_steps(config, self.task.steps_per_epoch)
         self.relaxed: list[str] = []  # subgroups restricted to so far, in order
+        check_multistep(tcfg, self.model, self.task)
         self._set_model(self.model)
         self.plateau = (
             torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -526,6 +528,8 @@ class Trainer:
         """Use ``model`` from now on: a fresh optimiser (same param-group LR) and the compile / DDP wrappers."""
         lr = self.optimizer.param_groups[0]["lr"] if hasattr(self, "optimizer") else None
         self.model = model
+        if self.config.train.grad_checkpointing:
+            model.set_grad_checkpointing(True)
         self.optimizer = self._make_optimizer()
         if lr is not None:
             for group in self.optimizer.param_groups:
@@ -630,15 +634,17 @@ class Trainer:
         return True
 
     # ------------------------------------------------------------------ loop
-    def _local_batch(self) -> tuple[Inputs, torch.Tensor]:
+    def _local_batch(self, rollout_steps: int = 1) -> tuple[Inputs, torch.Tensor]:
+        """This rank's slice of the global batch; ``rollout_steps`` K > 1: targets ``[K, B, ...]``."""
         # Every rank draws the same global batch (same generator state) and keeps its slice.
-        x, y = self.task.train_batch()
+        x, y = self.task.train_batch() if rollout_steps == 1 else self.task.train_rollout_batch(rollout_steps)
         if self.dist.world_size == 1:
             return x, y
         world, rank = self.dist.world_size, self.dist.rank
+        y = y.chunk(world, dim=0 if rollout_steps == 1 else 1)[rank]
         if isinstance(x, tuple):
-            return tuple(t.chunk(world)[rank] for t in x), y.chunk(world)[rank]
-        return x.chunk(world)[rank], y.chunk(world)[rank]
+            return tuple(t.chunk(world)[rank] for t in x), y
+        return x.chunk(world)[rank], y
 
     def _autocast(self):
         if not self.config.train.amp:
@@ -676,10 +682,14 @@ class Trainer:
         if self.plateau is None:
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate(ocfg.lr, self.config.schedule, frac, self.step)
-        x, y = self._local_batch()
-        self.last_batch_size = len(y) * self.dist.world_size
+        steps = rollout_steps_at(tcfg, self.step)
+        x, y = self._local_batch(steps)
+        self.last_batch_size = len(x if steps > 1 else y) * self.dist.world_size
         with self._autocast(), self._sdpa_context():
-            loss = self.task.loss(_call(self.network, x).float(), y)
+            if steps == 1:
+                loss = self.task.loss(_call(self.network, x).float(), y)
+            else:
+                loss = unrolled_loss(self.network, self.task, x, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         global_loss = loss.detach()
@@ -846,6 +856,7 @@ class Trainer:
             writer.writerows(self.history.train)
         (out / "evals.json").write_text(json.dumps(self.history.evals, indent=2))
         events = [(step, group) for (step, group), _ in zip(self.relaxations, self.relaxed)]
+        events += rollout_events(self.config.train, self.step)
         _plot_history(self.history, task, baseline, out / "loss_curve.png", name, events)
         plots = task.write_plots(final, out, name)
         if self.writer is not None:

@@ -4,12 +4,21 @@ Fields come as ``[..., V]`` on a point set (weights ``[V]``, e.g. icosphere vert
 ``[..., nlat, nlon]`` on a lat-lon grid (weights ``[nlat, nlon]`` or ``[nlat, 1]``, e.g.
 :func:`latlon_quadrature_weights`). The leading dimensions are usually ``[B, C]``.
 
-The relative errors are those of the torch-harmonics shallow-water benchmark
-(``torch_harmonics.examples.losses`` / ``metrics``): per sample and channel
+Two errors, per sample and channel:
 
-    rel_Lp = (sum_i w_i |pred_i - target_i|^p)^(1/p) / (sum_i w_i |target_i|^p)^(1/p),
+    Lp     = (sum_i w_i |pred_i - target_i|^p / sum_i w_i)^(1/p)                (lp_error)
+    rel_Lp = (sum_i w_i |pred_i - target_i|^p)^(1/p) / (sum_i w_i |target_i|^p)^(1/p)
+                                                                           (relative_lp_error)
 
-the discrete version of ``||pred - target||_{L^p(S^2)} / ||target||_{L^p(S^2)}``.
+``Lp`` is the spherical mean of the error (p = 1) and its root mean square (p = 2): the "L1 error"
+and "L2 error" of torch-harmonics' shallow-water example (``torch_harmonics.examples.losses``
+``L1LossS2`` / ``L2LossS2``, quadrature weights normalised to sum to 1, averaged over samples and
+channels), the relative l1 / l2 of the S2Transformer paper and of the SO(3)-RoPE seed's Table 1.
+``rel_Lp`` divides by the same norm of the target: ``rel_Lp = Lp(error) / Lp(target)``, the discrete
+``||pred - target||_{L^p(S^2)} / ||target||_{L^p(S^2)}``. On fields normalised to unit variance
+``L2(target)`` is about 1, so ``rel_L2`` is about ``L2``, while ``L1(target)`` is the mean absolute
+value, about 0.8 for a field with a Gaussian-like distribution, so ``rel_L1`` is about ``L1 / 0.8``
+(docs/benchmarks.md, "Shallow water at the SO(3)-RoPE seed's budget", measures both).
 
 Classification: :func:`classification_scores` (accuracy, cross-entropy, per-class accuracy,
 confusion matrix) and :func:`plot_confusion`.
@@ -27,6 +36,7 @@ __all__ = [
     "draw_sphere_map",
     "grid_latitudes",
     "latlon_quadrature_weights",
+    "lp_error",
     "map_keywords",
     "mollweide",
     "plot_confusion",
@@ -104,25 +114,15 @@ def weighted_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (x * w).sum(dim=dims) / w.expand(spatial).sum()
 
 
-def relative_lp_error(
+def _lp_sums(
     pred: torch.Tensor,
     target: torch.Tensor,
     weights: torch.Tensor,
-    p: float = 2,
-    dims: tuple[int, ...] | None = None,
-    reduction: str = "mean",
-) -> torch.Tensor:
-    """Relative quadrature-weighted L^p error, per sample and channel.
-
-    Args:
-        pred, target: ``[..., V]`` or ``[..., nlat, nlon]``, usually ``[B, C, ...]``.
-        weights: ``[V]`` (point set) or ``[nlat, nlon]`` / ``[nlat, 1]`` (grid).
-        p: the exponent (1 or 2 in the benchmark; any ``p >= 1``).
-        dims: the spatial dims (negative, trailing); default: the last ``weights.ndim``.
-        reduction: ``"none"`` -> the leading shape (``[B, C]``); ``"channel"`` -> ``[C]``
-            (mean over every leading dim but the last); ``"mean"`` -> scalar, the mean of
-            the per-channel values.
-    """
+    p: float,
+    dims: tuple[int, ...] | None,
+    reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked inputs -> ``(sum_i w_i |pred_i - target_i|^p, weights in pred's dtype)`` over the spatial dims."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {list(_REDUCTIONS)}")
     if not p >= 1:
@@ -143,16 +143,57 @@ def relative_lp_error(
         raise ValueError(
             f"reduction='channel' needs a channel dim before the spatial dims, got shape {list(pred.shape)}"
         )
-    sdims = tuple(range(-k, 0))
-    w = weights.to(device=pred.device, dtype=pred.dtype)
-    num = ((pred - target).abs() ** p * w).sum(dim=sdims)
-    den = (target.abs() ** p * w).sum(dim=sdims)
-    err = (num / den.clamp_min(torch.finfo(den.dtype).tiny)) ** (1.0 / p)
+    w = weights.to(device=pred.device, dtype=pred.dtype).expand(spatial)
+    return ((pred - target).abs() ** p * w).sum(dim=tuple(range(-k, 0))), w
+
+
+def _reduce(err: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "none":
         return err
     if reduction == "channel":
         return err.reshape(-1, err.shape[-1]).mean(dim=0)
     return err.mean()
+
+
+def relative_lp_error(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    weights: torch.Tensor,
+    p: float = 2,
+    dims: tuple[int, ...] | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Relative quadrature-weighted L^p error, per sample and channel (``rel_Lp`` of the module docstring).
+
+    Args:
+        pred, target: ``[..., V]`` or ``[..., nlat, nlon]``, usually ``[B, C, ...]``.
+        weights: ``[V]`` (point set) or ``[nlat, nlon]`` / ``[nlat, 1]`` (grid).
+        p: the exponent (1 or 2 in the benchmark; any ``p >= 1``).
+        dims: the spatial dims (negative, trailing); default: the last ``weights.ndim``.
+        reduction: ``"none"`` -> the leading shape (``[B, C]``); ``"channel"`` -> ``[C]``
+            (mean over every leading dim but the last); ``"mean"`` -> scalar, the mean of
+            the per-channel values.
+    """
+    num, w = _lp_sums(pred, target, weights, p, dims, reduction)
+    den = (target.abs() ** p * w).sum(dim=tuple(range(-w.ndim, 0)))
+    return _reduce((num / den.clamp_min(torch.finfo(den.dtype).tiny)) ** (1.0 / p), reduction)
+
+
+def lp_error(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    weights: torch.Tensor,
+    p: float = 2,
+    dims: tuple[int, ...] | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Quadrature-weighted L^p error, per sample and channel: ``(sum w |pred - target|^p / sum w)^(1/p)``.
+
+    torch-harmonics' ``L1LossS2`` (p = 1) and ``L2LossS2`` (p = 2), the seed's l1 / l2 (module
+    docstring). Arguments as :func:`relative_lp_error`; the weights' scale does not matter.
+    """
+    num, w = _lp_sums(pred, target, weights, p, dims, reduction)
+    return _reduce((num / w.sum()) ** (1.0 / p), reduction)
 
 
 class SphereErrorMap:

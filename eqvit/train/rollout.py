@@ -5,8 +5,8 @@ prediction, and so on; the truth is the solver integrated from the same initial 
 (:meth:`ShallowWaterData.step`, exact spectral states, synthesised on the model's domain).
 Persistence (predicting the initial state at every lead time) is the reference. Per step the
 metrics are those of the one-step evaluation (:meth:`ShallowWaterTask.evaluate`): quadrature-weighted
-relative L1 and L2 (mean over channels and initial conditions) and the polar error ratio of the mean
-absolute error map (:func:`~eqvit.train.metrics.polar_error_ratio`).
+relative L1 and L2 and the seed's L1 and L2 (mean over channels and initial conditions) and the polar
+error ratio of the mean absolute error map (:func:`~eqvit.train.metrics.polar_error_ratio`).
 
 A model whose prediction stops being finite does not crash the rollout: the first non-finite
 step is recorded, the model's metrics from that step on are ``None``, persistence goes on.
@@ -34,7 +34,7 @@ __all__ = [
     "save_maps",
 ]
 
-TABLE_LEADS = (1, 2, 4, 8, 16)
+TABLE_LEADS = (1, 2, 4, 8, 12, 16, 24)
 
 
 def map_steps(num_steps: int) -> list[int]:
@@ -55,7 +55,8 @@ def rollout(model: nn.Module, task: Any, num_steps: int, progress: bool = False)
     Returns ``{"steps": [per-step metrics], "first_nonfinite_step": int | None, "maps": {step: (model
     map or None, persistence map)}, ...}``; :func:`rollout_json` is its JSON form.
     """
-    from eqvit.train.metrics import SphereErrorMap, polar_error_ratio, relative_lp_error
+    from eqvit.train.metrics import SphereErrorMap, polar_error_ratio
+    from eqvit.train.tasks import ERROR_METRICS, sample_errors
 
     if not hasattr(task, "validation") or not hasattr(getattr(task, "data", None), "step"):
         raise ValueError(
@@ -68,7 +69,7 @@ def rollout(model: nn.Module, task: Any, num_steps: int, progress: bool = False)
     val, data, kind = task.validation, task.data, task.kind
     x_all = val.x_grid if kind == "grid" else val.x_points
     n, bs = len(val.spec_x), task.cfg.val_batch_size
-    sums = {key: np.zeros(num_steps) for key in ("l1", "l2", "p_l1", "p_l2")}
+    sums = {f"{who}{key}": np.zeros(num_steps) for who in ("", "persistence_") for key in ERROR_METRICS}
     maps = [SphereErrorMap(kind="abs") for _ in range(num_steps)]
     p_maps = [SphereErrorMap(kind="abs") for _ in range(num_steps)]
     first_bad: int | None = None
@@ -91,12 +92,12 @@ def rollout(model: nn.Module, task: Any, num_steps: int, progress: bool = False)
                     state = None  # this batch stops here; its later steps cannot be scored
             if state is not None:
                 pred = state.double().cpu()
-                for p, key in ((1, "l1"), (2, "l2")):
-                    sums[key][k] += relative_lp_error(pred, truth, task.weights, p=p, reduction="none").mean(1).sum()
+                for key, err in sample_errors(pred, truth, task.weights).items():
+                    sums[key][k] += err.mean(1).sum().item()
                 maps[k].update(pred, truth)
             persistence = x0.double().cpu()
-            for p, key in ((1, "p_l1"), (2, "p_l2")):
-                sums[key][k] += relative_lp_error(persistence, truth, task.weights, p=p, reduction="none").mean(1).sum()
+            for key, err in sample_errors(persistence, truth, task.weights).items():
+                sums[f"persistence_{key}"][k] += err.mean(1).sum().item()
             p_maps[k].update(persistence, truth)
             if bar is not None:
                 bar.update(1)
@@ -113,10 +114,8 @@ def rollout(model: nn.Module, task: Any, num_steps: int, progress: bool = False)
             {
                 "step": k + 1,
                 "lead_hours": (k + 1) * float(task.cfg.dt_hours),
-                "rel_l1": float(sums["l1"][k] / n) if ok else None,
-                "rel_l2": float(sums["l2"][k] / n) if ok else None,
-                "persistence_rel_l1": float(sums["p_l1"][k] / n),
-                "persistence_rel_l2": float(sums["p_l2"][k] / n),
+                **{key: float(sums[key][k] / n) if ok else None for key in ERROR_METRICS},
+                **{f"persistence_{key}": float(sums[f"persistence_{key}"][k] / n) for key in ERROR_METRICS},
                 "polar_error_ratio": float(polar_error_ratio(maps[k].compute(), where, task.weights)) if ok else None,
                 "persistence_polar_error_ratio": float(polar_error_ratio(p_map, where, task.weights)),
             }
@@ -146,14 +145,14 @@ def rollout_table(result: dict[str, Any], leads: tuple[int, ...] = TABLE_LEADS) 
     def fmt(v: float | None) -> str:
         return f"{v:>9.4f}" if v is not None else f"{'non-fin.':>9}"
 
-    lines = [f"{'step':>5} {'lead [h]':>8} {'rel L2':>9} {'persist.':>9} {'rel L1':>9} {'persist.':>9} {'polar':>7}"]
+    columns = {"rel_l2": "rel L2", "rel_l1": "rel L1", "l2": "L2"}
+    header = " ".join(f"{label:>9} {'persist.':>9}" for label in columns.values())
+    lines = [f"{'step':>5} {'lead [h]':>8} {header} {'polar':>7}"]
     for s in result["steps"]:
         if s["step"] in leads or s["step"] == result["num_steps"]:
             polar = f"{s['polar_error_ratio']:>7.3f}" if s["polar_error_ratio"] is not None else f"{'-':>7}"
-            lines.append(
-                f"{s['step']:>5} {s['lead_hours']:>8g} {fmt(s['rel_l2'])} {fmt(s['persistence_rel_l2'])} "
-                f"{fmt(s['rel_l1'])} {fmt(s['persistence_rel_l1'])} {polar}"
-            )
+            values = " ".join(f"{fmt(s.get(key))} {fmt(s.get(f'persistence_{key}'))}" for key in columns)
+            lines.append(f"{s['step']:>5} {s['lead_hours']:>8g} {values} {polar}")
     if result["first_nonfinite_step"] is not None:
         lines.append(f"the model's prediction is not finite from step {result['first_nonfinite_step']} on")
     return "\n".join(lines)

@@ -122,6 +122,21 @@ IMAGE_MODELS = "a model on a square or hexagonal image grid (o2vit_*, platonic_i
 POINT_MODELS = "a point-cloud model called as model(pos, feat) (platonic_points_*)"
 
 
+ERROR_METRICS = ("rel_l1", "rel_l2", "l1", "l2")
+
+
+def sample_errors(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{"rel_l1", "rel_l2", "l1", "l2"}`` of ``pred`` against ``target`` (``[B, C, ...]``), each ``[B, C]``."""
+    from eqvit.train.metrics import lp_error, relative_lp_error
+
+    return {
+        "rel_l1": relative_lp_error(pred, target, weights, p=1, reduction="none"),
+        "rel_l2": relative_lp_error(pred, target, weights, p=2, reduction="none"),
+        "l1": lp_error(pred, target, weights, p=1, reduction="none"),
+        "l2": lp_error(pred, target, weights, p=2, reduction="none"),
+    }
+
+
 def default_cache_dir(cfg: DataConfig) -> Path:
     """Where fixed validation sets are cached: ``data.cache_dir``, ``$EQVIT_CACHE`` or ~/.cache/eqvit."""
     return Path(cfg.cache_dir or os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser() / cfg.name
@@ -181,6 +196,12 @@ class ShallowWaterTask:
         x, y = self.data.next_batch(self.cfg.batch_size, self.kind)
         return x.to(self.device), y.to(self.device)
 
+    def train_rollout_batch(self, num_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x [B, 3, ...], targets [K, B, 3, ...])``: the next K states of each initial state
+        (multi-step training, :mod:`eqvit.train.multistep`); K = 1 draws what :meth:`train_batch` draws."""
+        x, targets = self.data.next_rollout_batch(self.cfg.batch_size, num_steps, self.kind)
+        return x.to(self.device), targets.to(self.device)
+
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Quadrature-weighted mean squared error over the sphere, channels and batch."""
         err = (pred - target).pow(2).mean(dim=(0, 1))
@@ -188,25 +209,28 @@ class ShallowWaterTask:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module | None) -> dict[str, Any]:
-        """Relative L1/L2 (quadrature weighted, per channel and mean), error map, polar ratio.
+        """Errors on the validation set (quadrature weighted, per channel and mean over channels and
+        samples), error map, polar ratio.
 
-        ``model=None`` scores persistence (predict the input).
+        ``rel_l1`` / ``rel_l2``: relative errors; ``l1`` / ``l2``: the spherical mean absolute error and
+        root-mean-square error of the normalised fields, the seed's l1 / l2 (torch-harmonics'
+        ``L1LossS2`` / ``L2LossS2``; :mod:`eqvit.train.metrics` says how they relate). ``model=None``
+        scores persistence (predict the input).
         """
-        from eqvit.train.metrics import SphereErrorMap, polar_error_ratio, relative_lp_error
+        from eqvit.train.metrics import SphereErrorMap, polar_error_ratio
 
         was_training = model.training if model is not None else False
         if model is not None:
             model.eval()
-        sums = {"l1": 0.0, "l2": 0.0}
-        per_channel = {"l1": 0.0, "l2": 0.0}
+        sums = dict.fromkeys(ERROR_METRICS, 0.0)
+        per_channel = dict.fromkeys(ERROR_METRICS, 0.0)
         error_map = SphereErrorMap(kind="abs")
         count = 0
         for x, y in self.validation.batches(self.cfg.val_batch_size, self.kind):
             x, y = x.to(self.device), y.to(self.device)
             pred = x if model is None else model(x)
             pred, y = pred.double().cpu(), y.double().cpu()
-            for p, key in ((1, "l1"), (2, "l2")):
-                err = relative_lp_error(pred, y, self.weights, p=p, reduction="none")  # [B, C]
+            for key, err in sample_errors(pred, y, self.weights).items():  # [B, C]
                 sums[key] += err.mean(dim=1).sum().item()
                 per_channel[key] = per_channel[key] + err.sum(dim=0)
             error_map.update(pred, y)
@@ -216,10 +240,8 @@ class ShallowWaterTask:
         emap = error_map.compute()
         where = self.latitudes if self.on_grid else self.points
         return {
-            "rel_l1": sums["l1"] / count,
-            "rel_l2": sums["l2"] / count,
-            "rel_l1_per_channel": (per_channel["l1"] / count).tolist(),
-            "rel_l2_per_channel": (per_channel["l2"] / count).tolist(),
+            **{key: sums[key] / count for key in ERROR_METRICS},
+            **{f"{key}_per_channel": (per_channel[key] / count).tolist() for key in ERROR_METRICS},
             "polar_error_ratio": float(polar_error_ratio(emap, where, self.weights)),
             "error_map": emap,
         }
@@ -235,9 +257,12 @@ class ShallowWaterTask:
 
     @staticmethod
     def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-        lines = [f"{'':<22} {'rel L2':>9} {'rel L1':>9} {'polar ratio':>12}"]
+        lines = [f"{'':<22} {'rel L2':>9} {'rel L1':>9} {'L2':>9} {'L1':>9} {'polar ratio':>12}"]
         for name, m in rows:
-            lines.append(f"{name:<22} {m['rel_l2']:>9.4f} {m['rel_l1']:>9.4f} {m['polar_error_ratio']:>12.3f}")
+            lines.append(
+                f"{name:<22} {m['rel_l2']:>9.4f} {m['rel_l1']:>9.4f} {m['l2']:>9.4f} {m['l1']:>9.4f} "
+                f"{m['polar_error_ratio']:>12.3f}"
+            )
         return "\n".join(lines)
 
     @staticmethod
