@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, str] = {
     "so3vit_vs_s2transformer": "SO3ViT vs the S2Transformer baseline: time, training memory, parameters",
     "so3vit_sweep": "the SO(3)-RoPE seed's grid over depth, heads and width: error vs time per epoch",
     "swe_accuracy": "equal wall-clock accuracy on shallow water: SO3ViT, APE ablation, S2Transformer",
+    "swe_table1": "the SO(3)-RoPE seed's Table 1 rows on shallow water at the seed's budget (100 epochs)",
     "wigner_timing": "time of the real Wigner-D matrices on a batch of random poses",
 }
 

@@ -1,0 +1,161 @@
+"""The SO(3)-RoPE seed's Table 1 on shallow water, at the seed's own budget.
+
+Each row trains ``configs/<row config>`` (the seed's protocol, Sec. 4.1: 100 epochs of 256 fresh
+on-the-fly samples, batch 16 = 1,600 steps, Adam; cosine schedule) and scores the final model on 50
+validation simulations with the seed's metrics, ``l1`` / ``l2`` (the spherical mean absolute and
+root-mean-square error of the normalised fields: torch-harmonics' ``L1LossS2`` / ``L2LossS2``, which
+the seed's Table 1 reports), beside eqvit's relative errors ``rel_l1`` / ``rel_l2``
+(:mod:`eqvit.train.metrics` relates them). Writes ``benchmarks/results/swe_table1.json`` (a list of
+rows; running some rows replaces those rows and keeps the others), copies each run's
+``loss_curve.png``, ``error_map.png``, ``metrics.json`` and ``evals.json`` to
+``benchmarks/results/swe_table1/<row>/`` and prints the table.
+
+Usage: ``python benchmarks/swe_table1.py [--rows so3vit_4x128 so3vit_4x256] [--max-minutes M]``
+(``--max-minutes`` caps a row's training time; the cosine schedule then ends at that time, and the
+row records the epochs reached). The SO3ViT rows run on one thread (``train.threads: 1`` in their
+configs); the S2Transformer row is for a GPU (``train.device: cuda``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from eqvit.bench._paths import config_path, display_path, results_dir
+
+# Table 1 (Appendix B) of the SO(3)-RoPE seed: the four rows this benchmark reproduces.
+SEED: dict[str, dict[str, float]] = {
+    "so3vit_4x128": {"params_m": 0.98, "l1": 0.045, "l2": 0.058},
+    "so3vit_4x256": {"params_m": 3.54, "l1": 0.034, "l2": 0.043},
+    "so3vit_4x512": {"params_m": 13.37, "l1": 0.028, "l2": 0.036},
+    "s2transformer_4x128": {"params_m": 0.53, "l1": 0.031, "l2": 0.040},
+}
+CONFIGS = {
+    "so3vit_4x128": "so3vit_swe_table1_4x128.yaml",
+    "so3vit_4x256": "so3vit_swe_table1_4x256.yaml",
+    "so3vit_4x512": "so3vit_swe_table1_4x512.yaml",
+    "s2transformer_4x128": "s2transformer_swe_table1_4x128.yaml",
+}
+ARTIFACTS = ("loss_curve.png", "error_map.png", "metrics.json", "evals.json")
+
+
+def machine() -> dict[str, Any]:
+    """What ran the rows: platform, CPU count, torch version and threads."""
+    import torch
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+    }
+
+
+def table_row(name: str, config_file: Path, summary: dict[str, Any], timing: dict[str, Any]) -> dict[str, Any]:
+    """One JSON row from a run's summary (``metrics.json``) and its wall-clock / load record."""
+    metrics, persistence = summary["metrics"], summary["persistence"]
+    steps, epoch_steps = summary["steps"], 256 // 16
+    return {
+        "model": name,
+        "config": display_path(config_file),
+        "epochs": steps / epoch_steps,
+        "steps": steps,
+        "params": summary["params"],
+        "l1": metrics["l1"],
+        "l2": metrics["l2"],
+        "rel_l1": metrics["rel_l1"],
+        "rel_l2": metrics["rel_l2"],
+        "polar_error_ratio": metrics["polar_error_ratio"],
+        "persistence_l1": persistence["l1"],
+        "persistence_l2": persistence["l2"],
+        "persistence_rel_l2": persistence["rel_l2"],
+        "seed_l1": SEED[name]["l1"],
+        "seed_l2": SEED[name]["l2"],
+        "seed_params_m": SEED[name]["params_m"],
+        "train_seconds": summary["train_seconds"],
+        "seconds_per_epoch": summary["seconds_per_step"] * epoch_steps,
+        **timing,
+    }
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The seed's l1 / l2 beside ours (and our relative errors)."""
+    head = f"{'model':<22} {'epochs':>6} {'seed l1':>8} {'seed l2':>8} {'l1':>7} {'l2':>7} {'rel L1':>7} {'rel L2':>7}"
+    lines = [head + f" {'wall [min]':>10} {'load':>9}"]
+    for r in rows:
+        load = f"{r['loadavg_start'][0]:.1f}-{r['loadavg_end'][0]:.1f}" if r.get("loadavg_start") else "-"
+        wall = f"{r['wall_s'] / 60:.1f}" if r.get("wall_s") is not None else "-"
+        lines.append(
+            f"{r['model']:<22} {r['epochs']:>6.1f} {r['seed_l1']:>8.3f} {r['seed_l2']:>8.3f} {r['l1']:>7.4f} "
+            f"{r['l2']:>7.4f} {r['rel_l1']:>7.4f} {r['rel_l2']:>7.4f} {wall:>10} {load:>9}"
+        )
+    return "\n".join(lines)
+
+
+def merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``old`` with the rows of the models in ``new`` replaced (new models appended), in Table 1's order."""
+    by_model = {r["model"]: r for r in old} | {r["model"]: r for r in new}
+    order = [m for m in SEED if m in by_model] + [m for m in by_model if m not in SEED]
+    return [by_model[m] for m in order]
+
+
+def run_row(name: str, config_file: Path, max_steps: int | None, max_minutes: float | None) -> tuple[Path, dict]:
+    """Train one row (replacing its run folder); returns ``(run folder, timing record)``."""
+    from eqvit.train.config import load_config
+    from eqvit.train.engine import train
+
+    config = load_config(config_file)
+    out = Path(config.train.out)
+    load_start, begin = os.getloadavg(), time.perf_counter()
+    train(config, out, max_steps=max_steps, max_minutes=max_minutes, overwrite=True)
+    timing = {
+        "wall_s": time.perf_counter() - begin,
+        "threads": config.train.threads,
+        "device": config.train.device,
+        "loadavg_start": [round(v, 2) for v in load_start],
+        "loadavg_end": [round(v, 2) for v in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+    }
+    return out, timing
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", nargs="+", default=["so3vit_4x128"], choices=list(CONFIGS))
+    parser.add_argument("--max-steps", type=int, default=None, help="stop each row after N steps (smoke tests)")
+    parser.add_argument("--max-minutes", type=float, default=None, help="cap each row's training time")
+    parser.add_argument("--out", default=str(results_dir() / "swe_table1.json"))
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    rows = []
+    for name in args.rows:
+        config_file = config_path(CONFIGS[name])
+        run, timing = run_row(name, config_file, args.max_steps, args.max_minutes)
+        summary = json.loads((run / "metrics.json").read_text())
+        rows.append(table_row(name, config_file, summary, timing))
+        folder = out.with_suffix("") / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for artifact in ARTIFACTS:
+            if (run / artifact).is_file():
+                shutil.copyfile(run / artifact, folder / artifact)
+    merged = merge_rows(_read(out), rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged, indent=2))
+    print(format_table(merged))
+    print(f"wrote {out} and {out.with_suffix('')}/<row>/")
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The seed's Table 1 benchmark (eqvit.bench.swe_table1): its configs encode the seed's protocol, and
+the driver writes one JSON row per model with the seed's figures beside ours."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from eqvit.bench import swe_table1
+from eqvit.bench._paths import config_path
+from eqvit.train.config import load_config
+
+
+@pytest.mark.parametrize("row", list(swe_table1.CONFIGS))
+def test_configs_are_the_seeds_protocol(row):
+    """100 epochs of 256 fresh samples at batch 16 (1,600 steps), Adam, the row's model, 50 simulations."""
+    cfg = load_config(config_path(swe_table1.CONFIGS[row]))
+    assert cfg.model.name == row and cfg.data.name == "shallow_water"
+    assert cfg.data.batch_size == 16 and cfg.train.max_steps * cfg.data.batch_size == 100 * 256
+    assert cfg.train.max_epochs is None and cfg.train.max_minutes is None
+    assert cfg.optim.name == "adam" and cfg.data.num_val == 50
+    assert cfg.model.kwargs.get("residual") is True
+    if row.startswith("so3vit"):
+        assert cfg.train.threads == 1 and cfg.model.kwargs["symmetry_breaking"] == "latitude"
+    else:
+        assert cfg.train.device == "cuda"
+
+
+def test_rows_merge_in_table_order_and_replace_their_model():
+    old = [{"model": "so3vit_4x256", "l2": 1.0}, {"model": "so3vit_4x128", "l2": 2.0}]
+    merged = swe_table1.merge_rows(old, [{"model": "so3vit_4x128", "l2": 3.0}])
+    assert merged == [{"model": "so3vit_4x128", "l2": 3.0}, {"model": "so3vit_4x256", "l2": 1.0}]
+
+
+def test_driver_writes_a_row_with_the_seeds_figures(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EQVIT_CACHE", str(tmp_path / "cache"))
+    tiny = {
+        "model": {"name": "so3vit_tiny", "kwargs": {"residual": True, "symmetry_breaking": "latitude"}},
+        "data": {"batch_size": 2, "num_val": 2, "val_batch_size": 2},
+        "train": {"max_steps": 2, "eval_every": 0, "log_every": 1, "threads": 1, "out": str(tmp_path / "run")},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny))
+    monkeypatch.setitem(swe_table1.CONFIGS, "so3vit_4x128", str(path))
+    out = tmp_path / "results" / "swe_table1.json"
+    monkeypatch.setattr(sys, "argv", ["swe_table1", "--rows", "so3vit_4x128", "--out", str(out)])
+    swe_table1.main()
+    (row,) = json.loads(out.read_text())
+    assert row["model"] == "so3vit_4x128" and row["steps"] == 2 and row["epochs"] == 2 / 16
+    assert (row["seed_l1"], row["seed_l2"]) == (0.045, 0.058)
+    for key in ("l1", "l2", "rel_l1", "rel_l2", "persistence_l2", "wall_s"):
+        assert row[key] > 0, key
+    assert row["l1"] < row["l2"]  # a mean absolute error is below the root mean square
+    assert len(row["loadavg_start"]) == 3 and row["threads"] == 1
+    for name in ("loss_curve.png", "error_map.png", "metrics.json"):
+        assert (out.with_suffix("") / "so3vit_4x128" / name).is_file()
+    printed = capsys.readouterr().out
+    assert "seed l2" in printed and "0.058" in printed
