@@ -147,6 +147,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from eqvit.chem.rdkit_mols import require_gen
+    from eqvit.train.config import load_config
+    from eqvit.train.sample import sample_checkpoint
+
+    require_gen("eqvit sample")  # before the config and the checkpoint are read
+    config = load_config(args.config)
+    sample_checkpoint(config, args.checkpoint, args.num, args.out, seed=args.seed, steps=args.steps)
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from eqvit.train.checkpoint import export_weights
 
@@ -226,6 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="with --rollout: folder for rollout.json and rollout.png")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("sample", help="sample molecules from a generative checkpoint and score them (gen extra)")
+    p.add_argument("config", help="YAML experiment config with data.name qm9_generation, e.g. configs/dip_qm9.yaml")
+    p.add_argument("--checkpoint", required=True, help="path to best.safetensors or last.safetensors")
+    p.add_argument("--num", type=_int_at_least(1), default=1000, help="molecules to sample (default 1000)")
+    p.add_argument("--out", required=True, help="folder for samples.sdf, samples.xyz, metrics.json, molecules.png")
+    p.add_argument("--seed", type=_int_at_least(0), default=0, help="seed of the atom counts and the noise")
+    p.add_argument("--steps", type=_int_at_least(1), help="sampling steps (default: data.diffusion.steps)")
+    p.set_defaults(func=_cmd_sample)
 
     p = sub.add_parser("export", help="write a checkpoint's model weights as a plain state dict (for timm)")
     p.add_argument("checkpoint", help="path to last.safetensors")

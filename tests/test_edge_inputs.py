@@ -45,6 +45,8 @@ def _cast(x, dtype):
 def _output_shape(model: nn.Module, batch: int) -> tuple[int, ...]:
     if getattr(model, "output_action", "same") == "invariant":
         return (batch, model.out_chans)
+    if isinstance(model.domain, PointCloudDomain):  # point-cloud denoisers (dip_*): one output row per point
+        return (batch, model.domain.num_points, model.out_chans)
     return (batch, model.out_chans, *model.domain.shape)
 
 

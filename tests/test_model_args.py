@@ -12,6 +12,7 @@ import pytest
 import eqvit
 from eqvit.models._checks import check_model_args
 from eqvit.models.baselines import S2TransformerBaseline
+from eqvit.models.dip import build_dip
 from eqvit.models.molecules import build_molecule_model
 from eqvit.models.o2vit import build_o2vit
 from eqvit.models.platonic import build_platonic
@@ -23,6 +24,7 @@ BUILDERS = {
     "so3vit": build_so3vit,
     "vit_ape": build_so3vit,
     "platonic_qm9": build_molecule_model,  # before "platonic": the first matching prefix wins
+    "dip_qm9": build_dip,
     "platonic": build_platonic,
     "s2transformer": S2TransformerBaseline,
 }

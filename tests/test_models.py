@@ -26,7 +26,7 @@ from torch import nn
 
 import eqvit
 from eqvit.geometry import icosphere
-from eqvit.geometry.domain import PointDomain
+from eqvit.geometry.domain import PointCloudDomain, PointDomain
 from eqvit.groups import get_group
 from eqvit.models import is_model
 from eqvit.models import so3vit as so3vit_module
@@ -82,9 +82,12 @@ def call(model: nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.
 
 
 def output_shape(model: nn.Module, batch: int) -> tuple[int, ...]:
-    """Dense models output a field on the input domain; invariant ones (classifiers) one vector per sample."""
+    """Dense models output a field on the input domain; invariant ones (classifiers) one vector per sample;
+    point-cloud denoisers (dip_*) one output row per point."""
     if getattr(model, "output_action", "same") == "invariant":
         return (batch, model.out_chans)
+    if isinstance(model.domain, PointCloudDomain):
+        return (batch, model.domain.num_points, model.out_chans)
     return (batch, model.out_chans, *model.domain.shape)
 
 

@@ -50,7 +50,8 @@ IMAGE_MODELS = [n for n in TEST_MODELS if n.startswith(("o2vit_", "platonic_imag
 SQUARE_MODELS = [n for n in IMAGE_MODELS if not n.startswith(("o2vit_hex", "o2vit_d6_"))]  # d6: hexagonal
 CLASSIFIERS = IMAGE_MODELS + [n for n in TEST_MODELS if n.startswith(("platonic_points_", "platonic_qm9_"))]
 DENSE_MODELS = [n for n in TEST_MODELS if n not in CLASSIFIERS]
-VIT_MODELS = [n for n in TEST_MODELS if not n.startswith("s2transformer_")]  # EquivariantViTs
+# EquivariantViTs (the DiP denoisers' blocks take the diffusion time: no timm grad-checkpointing interface)
+VIT_MODELS = [n for n in TEST_MODELS if not n.startswith(("s2transformer_", "dip_"))]
 CFG_KEYS = ("architecture", "input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")
 CFG_KEYS += ("num_classes", "first_conv", "classifier", "fixed_input_size", "pool_size")
 
@@ -66,13 +67,13 @@ def build(name: str, **kwargs) -> nn.Module:
 
 
 def cfg_input(model: nn.Module, batch: int = 2, dtype: torch.dtype = torch.float32, seed: int = 0):
-    """timm's test input, ``torch.randn(batch, *input_size)``; point clouds get ``(pos, feat)``."""
+    """timm's test input, ``torch.randn(batch, *input_size)``; point clouds get their domain's random input,
+    ``(pos, feat)`` standard normal of ``input_size`` (denoisers, ``dip_*``: and a time per sample)."""
     gen = torch.Generator().manual_seed(seed)
     size = model.pretrained_cfg["input_size"]
-    if isinstance(getattr(model, "domain", None), PointCloudDomain):  # platonic_points_*, platonic_qm9_*
-        pos = torch.randn(batch, *size, generator=gen, dtype=torch.float64)
-        feat = torch.randn(batch, size[0], model.in_chans, generator=gen, dtype=torch.float64)
-        return pos.to(dtype), feat.to(dtype)
+    if isinstance(getattr(model, "domain", None), PointCloudDomain):  # platonic_points_*, platonic_qm9_*, dip_*
+        assert size == (model.domain.num_points, model.domain.dim)
+        return model.domain.random_input(batch, model.in_chans, generator=gen, dtype=dtype)
     return torch.randn(batch, *size, generator=gen, dtype=torch.float64).to(dtype)
 
 

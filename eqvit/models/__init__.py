@@ -2,6 +2,7 @@
 
 from eqvit.models import (
     baselines,  # noqa: F401
+    dip,  # noqa: F401  (DiP denoisers, after molecules whose attention they use)
     molecules,  # noqa: F401
     o2vit,  # noqa: F401
     platonic,  # noqa: F401

@@ -13,6 +13,7 @@ FAMILIES = {
     "so3vit": "SO3ViT (SO(3)-RoPE)",
     "o2vit": "O(2)-subgroup ViT",
     "platonic": "Platonic Transformer",
+    "dip": "DiP (Platonic diffusion denoiser)",
     "s2transformer": "baseline: S2Transformer",
     "vit_ape": "baseline: ViT + learned APE",
 }

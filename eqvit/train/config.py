@@ -83,6 +83,41 @@ class ModelConfig:
 
 
 @dataclass
+class DiffusionConfig:
+    """``data.diffusion``: the diffusion of ``data.name: qm9_generation`` (:mod:`eqvit.diffusion`).
+
+    ``schedule``: ``polynomial`` (EDM), ``cosine`` or ``linear`` (flow matching, ADiT); ``target``: what the
+    network predicts, ``eps`` or ``x0``; ``weighting``: the loss weighting, ``eps``, ``x0`` or ``velocity``;
+    ``type_scale``: the one-hot atom types' scale. ``sampler`` (``ancestral`` or ``ddim``) runs ``steps`` steps in
+    batches of ``sample_batch`` molecules; each evaluation samples ``eval_samples`` molecules (0: none) with
+    ``eval_steps`` steps (null: ``steps``) and reports their atom and molecule stability.
+    """
+
+    schedule: str = "polynomial"
+    target: str = "eps"
+    weighting: str = "eps"
+    type_scale: float = 0.25
+    sampler: str = "ancestral"
+    steps: int = 500
+    sample_batch: int = 100
+    eval_samples: int = 0
+    eval_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        from eqvit.diffusion import SAMPLERS, SCHEDULES, TARGETS, WEIGHTINGS
+
+        check_choice("data.diffusion.schedule", "noise schedule", self.schedule, SCHEDULES)
+        check_choice("data.diffusion.target", "target", self.target, TARGETS)
+        check_choice("data.diffusion.weighting", "loss weighting", self.weighting, WEIGHTINGS)
+        check_choice("data.diffusion.sampler", "sampler", self.sampler, SAMPLERS)
+        check_range("data.diffusion.type_scale", self.type_scale, 0, strict=True)
+        for key in ("steps", "sample_batch"):
+            check_range(f"data.diffusion.{key}", getattr(self, key), 1)
+        check_range("data.diffusion.eval_samples", self.eval_samples, 0)
+        check_range("data.diffusion.eval_steps", self.eval_steps, 1, optional=True)
+
+
+@dataclass
 class DataConfig:
     """The dataset (``name``) and how it is batched; the task follows from the name.
 
@@ -91,7 +126,8 @@ class DataConfig:
     ``sample_ratio``, ``root``, ``img_size``, ``val_fraction`` and ``split_seed``;
     ``synthetic_pointclouds`` uses ``num_points``, ``num_train``, ``num_val``, ``sample_ratio``,
     ``train_rotate`` / ``val_rotate`` and ``split_seed``; ``qm9`` uses ``targets``, ``sample_ratio``,
-    ``eval_subset``, ``split_seed``, ``root`` (original .xyz files) and ``cache_dir``.
+    ``eval_subset``, ``split_seed``, ``root`` (original .xyz files) and ``cache_dir``; ``qm9_generation`` the
+    same without ``targets``, plus ``train_rotate`` (random rotations of the training molecules) and ``diffusion``.
     """
 
     name: str = "shallow_water"
@@ -119,6 +155,8 @@ class DataConfig:
     # QM9 regression (eqvit.train.regression): properties by name, and how much of val / test to score
     targets: list[str] = field(default_factory=lambda: ["gap"])
     eval_subset: int | None = None  # score the first N validation molecules (None: all; test: always all)
+    # QM9 generation (eqvit.train.generation): the diffusion process, its loss and its sampler
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "val_batch_size", "num_val", "nlat", "nlon", "steps_per_trajectory", "num_points"):

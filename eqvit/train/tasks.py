@@ -361,9 +361,9 @@ def _image_input(cfg: DataConfig, model: nn.Module, default_size: int) -> tuple[
 
     Square-grid models (``domain.shape == (H, W)``) take ``H x W`` images; hexagonal models
     (``[P, 2]`` points) take ``data.img_size`` (default ``default_size``) images resampled by
-    :class:`~eqvit.data.images.SquareToHex`.
+    :class:`~eqvit.nn.tokenizers.hexagonal.SquareToHex`.
     """
-    from eqvit.data.images import SquareToHex
+    from eqvit.nn.tokenizers.hexagonal import SquareToHex
 
     check_domain(cfg.name, IMAGE_MODELS, ("plane",), model)
     domain = model.domain
@@ -721,7 +721,14 @@ def _qm9_task(cfg: DataConfig, model: nn.Module, device: torch.device):
     return QM9Task(cfg, model, device)
 
 
-TASKS = {"shallow_water": ShallowWaterTask, "qm9": _qm9_task}
+def _qm9_generation_task(cfg: DataConfig, model: nn.Module, device: torch.device):
+    """QM9 molecule generation (:class:`eqvit.train.generation.QM9GenerationTask`, loaded on first use)."""
+    from eqvit.train.generation import QM9GenerationTask
+
+    return QM9GenerationTask(cfg, model, device)
+
+
+TASKS = {"shallow_water": ShallowWaterTask, "qm9": _qm9_task, "qm9_generation": _qm9_generation_task}
 
 
 def dataset_names() -> list[str]:
