@@ -9,6 +9,7 @@ from torch import nn
 
 from eqvit.diffusion import (
     SCHEDULES,
+    TARGETS,
     GaussianDiffusion,
     GaussianSource,
     Sampler,
@@ -68,7 +69,7 @@ def test_encode_centres_and_scales_and_noise_has_zero_centre_of_mass():
     assert eps[..., :3].mean(1).abs().max() < 1e-12 and eps[..., 3:].mean(1).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("target", ["eps", "x0"])
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_predictions_invert_the_forward_process(schedule, target):
     diffusion = GaussianDiffusion(schedule, target=target)
@@ -77,7 +78,8 @@ def test_predictions_invert_the_forward_process(schedule, target):
     t = torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64)
     (z_x, z_h, _), packed = diffusion.training_pair(state, t, eps)
     z = torch.cat([z_x, z_h], dim=-1)
-    exact = eps if target == "eps" else state
+    alpha, sigma = (v[:, None, None] for v in make_schedule(schedule).alpha_sigma(t))
+    exact = {"eps": eps, "x0": state, "v": alpha * eps - sigma * state}[target]
     torch.testing.assert_close(packed[..., :-1], exact)
     x_hat, eps_hat = diffusion.predictions(exact, z, t)
     torch.testing.assert_close(x_hat, state, rtol=0, atol=1e-9)
@@ -89,7 +91,7 @@ def test_predictions_invert_the_forward_process(schedule, target):
 def test_loss_weights():
     t = torch.tensor([0.01, 0.3, 0.7, 0.99], dtype=torch.float64)
     alpha, sigma = make_schedule("linear").alpha_sigma(t)
-    assert torch.equal(GaussianDiffusion("linear", "eps", "eps").loss_weight(t), torch.ones_like(t))
+    torch.testing.assert_close(GaussianDiffusion("linear", "eps", "eps").loss_weight(t), torch.ones_like(t))
     assert torch.equal(GaussianDiffusion("linear", "x0", "x0").loss_weight(t), torch.ones_like(t))
     torch.testing.assert_close(GaussianDiffusion("linear", "x0", "eps").loss_weight(t), alpha**2 / sigma**2)
     # ADiT: the clean-molecule error divided by max(sigma, 0.1), squared
@@ -98,6 +100,9 @@ def test_loss_weights():
     assert velocity[0] == pytest.approx(100.0)
     # eps target with x0 weighting: the network's error is alpha/sigma times the implied x0 error
     torch.testing.assert_close(GaussianDiffusion("linear", "eps", "x0").loss_weight(t), sigma**2 / alpha**2)
+    # v = alpha eps - sigma x: its error is (alpha^2 + sigma^2) / sigma times the x0 error
+    v = GaussianDiffusion("linear", "v", "velocity").loss_weight(t)
+    torch.testing.assert_close(v, (sigma / (alpha**2 + sigma**2)) ** 2 / sigma.clamp_min(VELOCITY_SIGMA_FLOOR) ** 2)
 
 
 class _Oracle(nn.Module):

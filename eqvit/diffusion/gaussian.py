@@ -5,16 +5,19 @@ forward process is ``z_t = alpha(t) (x, h) + sigma(t) (eps_x, eps_h)`` (:mod:`eq
 ``eps_x`` standard normal projected to zero centre of mass (EDM, Hoogeboom et al. 2022): the positions stay in the
 subspace where an E(3)- or G-equivariant model defines a translation-invariant density.
 
-The denoiser's output ``[B, N, 3 + K]`` is read as ``target``: ``"eps"`` (the noise, EDM) or ``"x0"`` (the clean
-molecule, ADiT). The loss is a squared error weighted per sample by ``weighting``, expressed on the error of the
-clean molecule ``|x - x_hat|^2``:
+The denoiser's output ``[B, N, 3 + K]`` is read as ``target``: ``"eps"`` (the noise, EDM), ``"x0"`` (the clean
+molecule, ADiT) or ``"v"`` (``v = alpha eps - sigma x``, Salimans and Ho 2022; then
+``x = (alpha z - sigma v) / (alpha^2 + sigma^2)``, so near the data the clean molecule is ``z`` plus a correction,
+as with ``eps``, and near the noise it is the network's output, as with ``x0``). The loss is a squared error
+weighted per sample by ``weighting``, expressed on the error of the clean molecule ``|x - x_hat|^2``:
 
 - ``"eps"``: ``alpha^2 / sigma^2`` (the noise error, EDM's L_simple);
 - ``"x0"``: 1;
 - ``"velocity"``: ``1 / max(sigma, 0.1)^2`` (the velocity error of flow matching, ADiT's floor at 0.1).
 
-With ``target="eps"`` the network's error is ``alpha / sigma`` times smaller than the implied clean-molecule
-error, so the weight on the network's error is ``weighting * sigma^2 / alpha^2`` (1 for eps / eps).
+The network's error is ``c`` times the implied clean-molecule error, ``c = sigma / alpha`` for ``eps``, 1 for
+``x0`` and ``sigma / (alpha^2 + sigma^2)`` for ``v``, so the weight on the network's error is ``weighting * c^2``
+(1 for eps / eps).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 from eqvit.diffusion.schedule import NoiseSchedule, make_schedule
 from eqvit.utils import unknown_name_error
 
-TARGETS = ("eps", "x0")
+TARGETS = ("eps", "x0", "v")
 WEIGHTINGS = ("eps", "x0", "velocity")
 VELOCITY_SIGMA_FLOOR = 0.1  # ADiT: the flow-matching error divided by max(1 - t, 0.1)
 
@@ -39,7 +42,7 @@ class GaussianDiffusion:
 
     Args:
         schedule: a :class:`~eqvit.diffusion.schedule.NoiseSchedule` or its name.
-        target: what the network predicts, ``"eps"`` or ``"x0"``.
+        target: what the network predicts, ``"eps"``, ``"x0"`` or ``"v"``.
         weighting: the loss weighting, ``"eps"``, ``"x0"`` or ``"velocity"``.
         type_scale: the one-hot types are multiplied by it (EDM: 0.25).
         dim: d, the dimension of the positions.
@@ -91,11 +94,13 @@ class GaussianDiffusion:
     def loss_weight(self, t: torch.Tensor) -> torch.Tensor:
         """``[B]``: the weight of the squared error of the network's output at times ``t``."""
         alpha, sigma = self.schedule.alpha_sigma(t.to(torch.float64))
-        snr = alpha**2 / sigma**2
-        on_x0 = {"eps": snr, "x0": torch.ones_like(t, dtype=torch.float64)}.get(self.weighting)
-        if on_x0 is None:  # velocity
-            on_x0 = 1 / sigma.clamp_min(VELOCITY_SIGMA_FLOOR) ** 2
-        return (on_x0 / snr if self.target == "eps" else on_x0).to(t.dtype)
+        on_x0 = {
+            "eps": alpha**2 / sigma**2,
+            "x0": torch.ones_like(alpha),
+            "velocity": 1 / sigma.clamp_min(VELOCITY_SIGMA_FLOOR) ** 2,
+        }[self.weighting]
+        scale = {"eps": sigma / alpha, "x0": torch.ones_like(alpha), "v": sigma / (alpha**2 + sigma**2)}[self.target]
+        return (on_x0 * scale**2).to(t.dtype)
 
     def training_pair(
         self, state: torch.Tensor, t: torch.Tensor, eps: torch.Tensor
@@ -105,7 +110,8 @@ class GaussianDiffusion:
         regression target (``eps`` or the clean state) and, in the last channel, the sample's loss weight (repeated
         over its atoms)."""
         z = self.corrupt(state, eps, t)
-        goal = eps if self.target == "eps" else state
+        alpha, sigma = (v[:, None, None] for v in self.schedule.alpha_sigma(t))
+        goal = {"eps": eps, "x0": state, "v": alpha * eps - sigma * state}[self.target]
         weight = self.loss_weight(t)[:, None, None].expand(*state.shape[:2], 1)
         return (z[..., : self.dim], z[..., self.dim :], t), torch.cat([goal, weight], dim=-1)
 
@@ -122,4 +128,7 @@ class GaussianDiffusion:
         alpha, sigma = (v[:, None, None] for v in self.schedule.alpha_sigma(t))
         if self.target == "eps":
             return (z - sigma * output) / alpha, output
-        return output, (z - alpha * output) / sigma
+        if self.target == "x0":
+            return output, (z - alpha * output) / sigma
+        norm = alpha**2 + sigma**2
+        return (alpha * z - sigma * output) / norm, (sigma * z + alpha * output) / norm

@@ -87,7 +87,7 @@ class DiffusionConfig:
     """``data.diffusion``: the diffusion of ``data.name: qm9_generation`` (:mod:`eqvit.diffusion`).
 
     ``schedule``: ``polynomial`` (EDM), ``cosine`` or ``linear`` (flow matching, ADiT); ``target``: what the
-    network predicts, ``eps`` or ``x0``; ``weighting``: the loss weighting, ``eps``, ``x0`` or ``velocity``;
+    network predicts, ``eps``, ``x0`` or ``v``; ``weighting``: the loss weighting, ``eps``, ``x0`` or ``velocity``;
     ``type_scale``: the one-hot atom types' scale. ``sampler`` (``ancestral`` or ``ddim``) runs ``steps`` steps in
     batches of ``sample_batch`` molecules; each evaluation samples ``eval_samples`` molecules (0: none) with
     ``eval_steps`` steps (null: ``steps``) and reports their atom and molecule stability.
