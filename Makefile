@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 comma := ,
 # The escnn oracle extra needs a Fortran compiler (py3nj); install it only where one exists.
-EXTRAS := dev,data,qm9,gen,scanobjectnn$(if $(shell command -v gfortran 2>/dev/null),$(comma)oracle)
+EXTRAS := dev,data,qm9,gen,scanobjectnn,onnx$(if $(shell command -v gfortran 2>/dev/null),$(comma)oracle)
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: run test install clean

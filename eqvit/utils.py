@@ -27,3 +27,25 @@ def cache_dir() -> Path:
     """Where eqvit keeps what it derives once per machine (parsed datasets):
     ``$EQVIT_CACHE``, default ``~/.cache/eqvit``."""
     return Path(os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser()
+
+
+class MissingExtraError(ValueError, ModuleNotFoundError):
+    """An optional dependency is not installed: the message names the extra to install (the CLI exits 2)."""
+
+
+def require_extra(extra: str, packages: Iterable[str], what: str) -> None:
+    """:class:`MissingExtraError` naming ``extra`` unless every module of ``packages`` imports."""
+    import importlib
+
+    packages = list(packages)
+    missing = []
+    for name in packages:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise MissingExtraError(
+            f"{what} needs the optional packages {', '.join(packages)} ({', '.join(missing)} not installed): "
+            f'pip install "eqvit[{extra}]"'
+        )

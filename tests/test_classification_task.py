@@ -69,19 +69,23 @@ def test_tiny_rotated_mnist_trains_writes_reports_and_evaluates(tmp_path, capsys
     assert json.loads(report.read_text())["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
 
 
-def test_hexagonal_model_gets_digits_resampled_onto_its_grid(tmp_path):
+@pytest.mark.parametrize("img_size", [32, None])
+def test_hexagonal_model_gets_digits_resampled_onto_its_grid(tmp_path, img_size):
+    """A hexagonal model on square images resamples them itself; one built on its grid (img_size=None) gets
+    the digits resampled by the data."""
     from eqvit.train.engine import Trainer
 
     cfg = tiny(
-        model={"name": "o2vit_hex_tiny", "kwargs": {"in_chans": 1, "num_classes": 10}},
+        model={"name": "o2vit_hex_tiny", "kwargs": {"in_chans": 1, "num_classes": 10, "img_size": img_size}},
         data={"img_size": 32},
         train={"max_epochs": 0.4},
     )
     trainer = Trainer(load_config(write_config(tmp_path, cfg)), tmp_path / "hex", progress=False)
     (x,), y = trainer.task.train_batch()
-    assert x.shape == (16, 1, trainer.model.domain.points.shape[0]) and y.shape == (16,)
+    grid = (32, 32) if img_size else (trainer.model.domain.points.shape[0],)
+    assert x.shape == (16, 1, *grid) and y.shape == (16,)
     summary = trainer.fit()
-    assert summary["steps"] == 2 and summary["group"] == "D6"
+    assert summary["steps"] == 2 and summary["group"] == ("D2" if img_size else "D6")
 
 
 def test_relaxation_restricts_at_the_step_and_resume_rebuilds_it(tmp_path):

@@ -109,7 +109,7 @@ def test_early_stopping_and_sampled_stability_at_evaluation(xyz):
 
 def test_a_model_without_the_time_input_is_refused(xyz):
     cfg = _config(xyz)
-    with pytest.raises(ValueError, match=r"model\(pos, feat, t\)"):
+    with pytest.raises(ValueError, match=r"t \[B\]\) \(dip_qm9_\*\); this model takes pos \[B, N, 3\], feat"):
         QM9GenerationTask(cfg.data, eqvit.create_model("platonic_qm9_tiny"), torch.device("cpu"))
 
 

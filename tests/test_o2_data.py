@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from eqvit.data.images import ImageFolderDataset, SquareToHex, image_folder_split, rotate_images, rotated_mnist
+from eqvit.data.images import ImageFolderDataset, image_folder_split, rotate_images, rotated_mnist
 from eqvit.geometry import HexPatchGrid, point_permutation, square_grid
+from eqvit.nn.tokenizers.hexagonal import SquareToHex
 
 
 def test_square_to_hex_is_exact_on_linear_images():
@@ -36,7 +37,7 @@ def test_square_to_hex_commutes_with_shared_symmetries():
         expected = torch.empty_like(transform(image))
         expected[..., torch.as_tensor(point_permutation(hx, g))] = transform(image)
         torch.testing.assert_close(transform(moved.reshape(image.shape)), expected, rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match=r"expected images of size \[20, 20\]"):
+    with pytest.raises(ValueError, match=r"expected images \[B, C, 20, 20\]"):
         transform(torch.randn(1, 3, 16, 16))
 
 

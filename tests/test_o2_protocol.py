@@ -171,8 +171,9 @@ def test_data_efficiency_plan_on_a_folder_is_the_seed_protocol(image_folder, cap
 
 def test_seed_resolution_inputs_from_a_folder(image_folder):
     """RGB in [-1, 1] at 256^2; the hexagonal (9, 9) grid's 42,073 points by bilinear resampling."""
-    from eqvit.data.images import ImageFolderDataset, SquareToHex, image_folder_split
+    from eqvit.data.images import ImageFolderDataset, image_folder_split
     from eqvit.geometry import HexPatchGrid
+    from eqvit.nn.tokenizers.hexagonal import SquareToHex
 
     train, val, classes = image_folder_split(image_folder)
     assert classes == ["beach", "forest", "runway"] and len(val) == 3 * round(0.2 * 6)
@@ -261,9 +262,10 @@ def test_hex_patternnet_config_trains_on_a_folder_with_early_stopping(image_fold
 
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     cfg = load_config(root / "configs" / "o2vit_hex_patternnet.yaml")
-    assert (cfg.model.kwargs["n_patch_side"], cfg.model.kwargs["n_pixel_side"], cfg.data.img_size) == (9, 9, 256)
+    kwargs = cfg.model.kwargs
+    assert (kwargs["n_patch_side"], kwargs["n_pixel_side"], kwargs["img_size"], cfg.data.img_size) == (9, 9, 256, 256)
     assert (cfg.train.patience, cfg.train.monitor, cfg.train.max_epochs) == (10, "accuracy", 50)
-    cfg.model.kwargs.update(n_patch_side=2, n_pixel_side=4, depth=1, num_classes=3)
+    cfg.model.kwargs.update(n_patch_side=2, n_pixel_side=4, depth=1, num_classes=3, img_size=16)
     cfg.data.root, cfg.data.img_size, cfg.data.batch_size = str(image_folder), 16, 4
     cfg.train.max_epochs, cfg.train.patience, cfg.train.out = 4, 1, str(tmp_path / "run")
     summary = train(cfg, progress=False)

@@ -25,13 +25,13 @@ from eqvit.geometry.points import permutations_for
 from eqvit.groups import get_group
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import IrrepAttention, coupled_heads, irrepwise_heads
-from eqvit.nn.irrep_blocks import InvariantHead
+from eqvit.nn.irrep_blocks import TokenInvariants
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Mlp
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.invariant import InvariantAPE
-from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer
+from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer, SquareToHex
 from eqvit.nn.tokenizers.square import SQUARE_GROUPS, SquarePatchTokenizer
 from eqvit.testing import EquivarianceError, assert_equivariant
 
@@ -57,8 +57,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def tiny(grid: str, group: str, attention: str = "coupled", **kw) -> nn.Module:
+    """The tiny model of ``grid``; the hexagonal one on its own grid (``img_size=None``: input ``[B, C, P]``,
+    equivariant to all of ``group``)."""
     torch.manual_seed(0)
     name = "o2vit_square_tiny" if grid == "square" else "o2vit_hex_tiny"
+    if grid == "hex":
+        kw = dict(dict(img_size=None), **kw)
     return eqvit.create_model(name, group=group, attention=attention, **kw)
 
 
@@ -139,7 +143,7 @@ def test_irrep_linear_equivariant_and_complete(name):
     for g in range(G.order):
         assert rel_err(lin(V.act(g, x)), W.act(g, y)) < TOL
     # Eq. 4 exhausts Hom_G(V, W): the number of parameters equals its dimension (Schur).
-    n_params = sum(w.numel() for w in lin.weights)
+    n_params = sum(w.numel() for w in lin.weight_blocks())
     constraint = np.concatenate(
         [
             np.kron(W.representation[g], np.eye(V.dim)) - np.kron(np.eye(W.dim), V.representation[g].T)
@@ -147,7 +151,7 @@ def test_irrep_linear_equivariant_and_complete(name):
         ]
     )
     assert n_params == V.dim * W.dim - np.linalg.matrix_rank(constraint)
-    assert sum(1 for rho in G.irreps if rho.type == "complex") == sum(1 for w in lin.weights if w.shape[0] == 2)
+    assert sum(1 for rho in G.irreps if rho.type == "complex") == sum(1 for w in lin.weight_blocks() if w.shape[0] == 2)
 
 
 @pytest.mark.parametrize("name", ALL_O2_GROUPS)
@@ -263,14 +267,17 @@ def test_attention_equivariant(name, layout):
 
 
 @pytest.mark.parametrize("name", ["D4", "C6"])
-def test_invariant_head(name):
+def test_token_invariants(name):
     G = get_group(name)
     V = FeatureType.regular(G, 2)
-    head = randomise_(InvariantHead(V, 4)).double().eval()
+    readout = TokenInvariants(V)
     tokens = torch.randn(3, 2, V.dim, dtype=torch.float64)
-    assert head.num_invariants == len(V.copies)  # trivial channels + one norm per non-trivial copy
-    y = head(tokens)
-    assert all(rel_err(head(V.act(g, tokens)), y) < TOL for g in range(G.order))
+    assert readout.num_features == len(V.copies)  # trivial channels + one norm per non-trivial copy
+    y = readout(tokens)
+    assert y.shape == (3, 2, len(V.copies))
+    assert all(rel_err(readout(V.act(g, tokens)), y) < TOL for g in range(G.order))
+    # the trivial coordinates come first, then one norm per non-trivial irrep copy
+    torch.testing.assert_close(y[..., : len(V.trivial_index)], tokens[..., V.trivial_index])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -358,9 +365,45 @@ def test_seed_configurations():
     sq = eqvit.create_model("o2vit_square_s")
     assert sq.domain.shape == (256, 256) and sq.tokenizer.num_tokens == 256 and len(sq.blocks) == 6
     assert sq.group.name == "D4" and len(sq.blocks[0].attn.heads) == 3
-    hx = eqvit.create_model("o2vit_hex_s")
+    hx = eqvit.create_model("o2vit_hex_s", img_size=None)
     assert hx.domain.shape == (42073,) and hx.tokenizer.num_tokens == 217 and hx.tokenizer.offsets.shape == (217, 2)
     assert hx.group.name == "D6" and len(hx.blocks) == 6
+
+
+def test_hexagonal_model_on_square_images():
+    """By default a hexagonal model takes square images and resamples them onto its grid as its first layer:
+    the same function as resampling first and calling the model built on the grid (img_size=None), exactly
+    equivariant to the elements of D6 that map the image onto itself (the half turn and the axis reflections)."""
+    on_images = randomise_(eqvit.create_model("o2vit_hex_tiny")).double().eval()
+    on_grid = eqvit.create_model("o2vit_hex_tiny", img_size=None).double().eval()
+    on_grid.load_state_dict(on_images.state_dict())
+    assert on_images.domain.shape == (16, 16) and on_images.token_type.group.name == "D6"
+    assert on_images.group.name == "D2" and on_images.group.parent is on_images.token_type.group
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(on_images(x), on_grid(SquareToHex(16, on_grid.domain.points).double()(x)))
+    report = assert_equivariant(on_images)
+    assert report.passed and len(report.rows) == 4
+    with pytest.raises(ValueError, match=r"expected input of shape \[B, 3, 16, 16\]"):
+        on_images(torch.randn(2, 3, len(on_grid.domain.points)))
+
+
+def test_hexagonal_maps_in_axial_coordinates():
+    """Intermediate maps of a hexagonal model: [B, C, 2r + 1, 2r + 1] with the patch centres in axial coordinates
+    (the cells outside the hexagon zero), equivariant under intermediate_action for the model's group."""
+    model = randomise_(tiny("hex", "D6")).double().eval()
+    x = torch.randn(2, 3, len(model.domain.points), dtype=torch.float64)
+    with torch.no_grad():
+        _, maps = model.forward_intermediates(x)
+        tokens = model.forward_intermediates(x, output_fmt="NLC", intermediates_only=True)
+    assert all(m.shape == (2, model.embed_dim, 3, 3) for m in maps) and len(maps) == len(model.blocks)
+    empty = np.setdiff1d(np.arange(9), model.token_grid.cells)
+    assert len(empty) == 2 and not maps[-1].flatten(2)[..., empty].any()
+    torch.testing.assert_close(model.token_grid.from_map(maps[-1]), tokens[-1].transpose(1, 2))
+    for matrix in model.group.elements:
+        with torch.no_grad():
+            _, moved = model.forward_intermediates(model.domain.act(matrix, x))
+        torch.testing.assert_close(moved[-1], model.intermediate_action(matrix, maps[-1]), rtol=1e-9, atol=1e-9)
 
 
 def test_errors_name_what_was_expected():
@@ -430,9 +473,10 @@ def test_gathered_weight_matrix_matches_blockwise_reference(name):
     assert b[outside].abs().max() == 0 and torch.equal(b[W.trivial_index], lin.bias)
     x = torch.randn(3, V.dim, dtype=torch.float64)
     torch.testing.assert_close(lin(x), lin.forward_blockwise(x), rtol=0, atol=1e-12)
-    # Gradients reach every irrep-wise parameter through the gather.
+    # Gradients reach every irrep-wise block of the flat weight through the gather.
     lin(x).pow(2).sum().backward()
-    assert all(w.grad is not None and w.grad.abs().max() > 0 for w in lin.weights)
+    sizes = [w.numel() for w in lin.weight_blocks()]
+    assert len(sizes) > 1 and all(g.abs().max() > 0 for g in lin.weight.grad.split(sizes))
 
 
 @pytest.mark.parametrize("spaces", ["regular", "mixed"])
@@ -619,8 +663,10 @@ def test_irrep_vit_equals_the_plain_composition(grid, group):
         tokens = model.embed_tokens(x)
         for block in model.blocks:
             tokens = block(tokens, None, model.num_prefix_tokens)
-        torch.testing.assert_close(model.forward_features(x), model.norm(tokens), rtol=0, atol=1e-12)
-        torch.testing.assert_close(model(x), model.head(model.norm(tokens)), rtol=0, atol=1e-12)
+        features = model.readout(model.norm(tokens))  # the invariants of every token
+        assert features.shape == (2, tokens.shape[1], model.num_features) and model.num_features < model.embed_dim
+        torch.testing.assert_close(model.forward_features(x), features, rtol=0, atol=1e-12)
+        torch.testing.assert_close(model(x), model.head.fc(features[:, 0]), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("hex", "D3"), ("square", "C1")])
@@ -649,16 +695,11 @@ def test_fuse_folds_a_norm_with_another_centre():
         torch.testing.assert_close(fused(x), model(x), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("grouping", ["default", "restricted"])
-def test_invariant_head_folded_inference_equals_invariants_then_classifier(grouping):
-    G = get_group("D4")
-    V = FeatureType.regular(G, 2)
-    kw = {}
-    if grouping == "restricted":  # scattered trivial coordinates, groups of unequal size
-        kw = dict(trivial=np.array([0, 9]), groups=[np.array([1]), np.array([2, 3, 10]), np.array([4, 5])])
-    head = randomise_(InvariantHead(V, 7, drop=0.1, **kw)).double().eval()
+def test_token_invariants_with_a_restricted_grouping():
+    """Scattered trivial coordinates and groups of unequal size (a restricted model's grouping)."""
+    V = FeatureType.regular(get_group("D4"), 2)
+    groups = [np.array([1]), np.array([2, 3, 10]), np.array([4, 5])]
+    readout = TokenInvariants(V, trivial=np.array([0, 9]), groups=groups)
     tokens = torch.randn(3, 4, V.dim, dtype=torch.float64)
-    with torch.no_grad():
-        fast = eqvit.fuse(head)(tokens)
-        torch.testing.assert_close(fast, head.fc(head.invariants(tokens[:, 0])), rtol=0, atol=1e-12)
-        torch.testing.assert_close(head(tokens), fast, rtol=0, atol=1e-12)
+    expected = torch.cat([tokens[..., [0, 9]], torch.stack([tokens[..., g].norm(dim=-1) for g in groups], -1)], -1)
+    torch.testing.assert_close(readout(tokens), expected, rtol=0, atol=1e-12)

@@ -82,11 +82,12 @@ def test_group_conv_is_equivariant(name, impl, rows):
 
 @pytest.mark.parametrize("name", GROUPS)
 def test_group_conv_input_windows_match_the_dense_matrix(name):
-    """Few rows take the gathered-input form; values and gradients equal the dense matrix product."""
+    """impl="windows" (for few rows, e.g. a pooled token) gathers the input; values and gradients equal the
+    dense matrix product of impl="cayley"."""
     group = get_group(name)
     torch.manual_seed(1)
-    layer = randomise_(GroupConvLinear(group, 5, 12, impl="cayley").double())
-    x = torch.randn(2, 2, group.order * 5, dtype=torch.float64, requires_grad=True)  # 4 rows: 2 * 4 < 12
+    layer = randomise_(GroupConvLinear(group, 5, 12, impl="windows").double())
+    x = torch.randn(2, 2, group.order * 5, dtype=torch.float64, requires_grad=True)
     dense, bias = layer.gather_dense()
     reference = F.linear(x, dense, bias)
     out = layer(x)

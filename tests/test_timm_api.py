@@ -187,9 +187,10 @@ def test_intermediates_are_the_block_outputs(name):
     x = cfg_input(model, dtype=torch.float64)
     p = model.num_prefix_tokens
     with torch.no_grad():
-        tokens, reference = model.embed_tokens(x), []
+        encoded = model.input_encoding(x)  # hexagonal models on square images: resampled onto their grid
+        tokens, reference = model.embed_tokens(encoded), []
         for block in model.blocks:
-            tokens = block(tokens, model.posenc.rope_for(x), p)
+            tokens = block(tokens, model.posenc.rope_for(encoded), p)
             reference.append(tokens)
         nlc = model.forward_intermediates(x, output_fmt="NLC", intermediates_only=True)
         nchw = model.forward_intermediates(x, intermediates_only=True)
@@ -198,8 +199,10 @@ def test_intermediates_are_the_block_outputs(name):
         first = model.forward_intermediates(x, indices=[0], stop_early=True, intermediates_only=True)
     for ref, a, b, (c, prefix) in zip(reference, nlc, nchw, normed):
         torch.testing.assert_close(a, ref[:, p:], rtol=1e-10, atol=1e-12)
-        assert torch.equal(b.flatten(2).transpose(1, 2), a)  # NCHW is NLC with the grid unflattened
-        torch.testing.assert_close(c.flatten(2).transpose(1, 2), model.norm(ref)[:, p:], rtol=1e-10, atol=1e-12)
+        assert torch.equal(model.token_grid.from_map(b).transpose(1, 2), a)  # NCHW is NLC laid out as a map
+        torch.testing.assert_close(
+            model.token_grid.from_map(c).transpose(1, 2), model.norm(ref)[:, p:], rtol=1e-10, atol=1e-12
+        )
         torch.testing.assert_close(prefix, model.norm(ref)[:, :p], rtol=1e-10, atol=1e-12)
     assert torch.equal(last[0], nchw[-1]) and torch.equal(first[0], nchw[0])
 

@@ -504,6 +504,41 @@ def test_export_loads_in_timm_with_the_same_outputs(capsys, tmp_path, run):
         assert torch.equal(from_eqvit.eval()(x), expected)
 
 
+def test_export_to_onnx_runs_in_onnxruntime_at_any_batch(capsys, tmp_path, run):
+    """eqvit export CKPT OUT.onnx: the checkpoint's model folded for inference, a free batch size, the same
+    outputs in onnxruntime as in PyTorch."""
+    import onnxruntime
+
+    out = tmp_path / "so3vit_tiny.onnx"
+    code = main(["export", str(run / "last.safetensors"), str(out)])
+    assert code == 0 and "onnxruntime matches PyTorch" in capsys.readouterr().out
+    model = eqvit.create_model("so3vit_tiny", residual=True, checkpoint_path=run / "last.safetensors").eval()
+    session = onnxruntime.InferenceSession(str(out))
+    for batch in (1, 4):
+        x = torch.randn(batch, 3, 642)
+        got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+        with torch.no_grad():
+            torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_export_to_onnx_without_the_extra_exits_2(capsys, tmp_path, run, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_onnxruntime(name, *args, **kwargs):
+        if name.split(".")[0] == "onnxruntime":
+            raise ImportError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "onnxruntime", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_onnxruntime)
+    code, err = cli(capsys, "export", run / "last.safetensors", tmp_path / "m.onnx")
+    assert code == 2
+    assert_one_paragraph(err, 'pip install "eqvit[onnx]"', "onnxruntime not installed")
+    assert not (tmp_path / "m.onnx").exists()
+
+
 def test_export_prints_how_to_load_and_refuses_bad_targets(capsys, tmp_path, run):
     code = main(["export", str(run / "last.safetensors"), str(tmp_path / "w.safetensors")])
     out = capsys.readouterr().out

@@ -487,7 +487,8 @@ def image_models(num_classes: int, in_chans: int, depth: int) -> dict[str, Calla
             if grid == "square":
                 return eqvit.create_model("o2vit_square_s", img_size=32, patch_size=IMAGE_PATCH, **common)
             side, pixels = o2.HEX_GRID
-            return eqvit.create_model("o2vit_hex_s", n_patch_side=side, n_pixel_side=pixels, **common)
+            # the images are resampled onto the hexagons once, in image_data
+            return eqvit.create_model("o2vit_hex_s", img_size=None, n_patch_side=side, n_pixel_side=pixels, **common)
 
         return make
 
@@ -504,8 +505,9 @@ def image_models(num_classes: int, in_chans: int, depth: int) -> dict[str, Calla
 
 def image_data(dataset: str, ratio: float, seed: int, hex_grid: bool, folder: Path | None) -> dict[str, tuple]:
     from eqvit.bench import o2_data_efficiency as o2
-    from eqvit.data.images import SquareToHex, rotated_mnist
+    from eqvit.data.images import rotated_mnist
     from eqvit.geometry import HexPatchGrid
+    from eqvit.nn.tokenizers.hexagonal import SquareToHex
 
     if dataset == "rotated_mnist":
         data = rotated_mnist(ratio, seed=seed, img_size=32)

@@ -54,8 +54,9 @@ import torch
 
 import eqvit
 from eqvit.bench._paths import results_dir
-from eqvit.data.images import SquareToHex, rotated_mnist
+from eqvit.data.images import rotated_mnist
 from eqvit.geometry import HexPatchGrid
+from eqvit.nn.tokenizers.hexagonal import SquareToHex
 from eqvit.train.classify import fit_classifier
 
 GROUPS = {"square": ["D4", "C4", "D2", "C1"], "hex": ["D6", "C6", "D3", "C1"]}
@@ -96,7 +97,8 @@ def model_kwargs(
     if grid == "square":
         return "o2vit_square_s", dict(img_size=geometry.img_size, patch_size=patch_size, **common)
     side, pixels = geometry.hex_grid
-    return "o2vit_hex_s", dict(n_patch_side=side, n_pixel_side=pixels, **common)
+    # the images are resampled onto the hexagons once, in load_data
+    return "o2vit_hex_s", dict(img_size=None, n_patch_side=side, n_pixel_side=pixels, **common)
 
 
 def build(

@@ -4,7 +4,6 @@ import importlib
 
 _LAZY = {
     "ImageFolderDataset": "images",
-    "SquareToHex": "images",
     "image_folder_split": "images",
     "rotated_mnist": "images",
     "ShallowWaterConfig": "shallow_water",
@@ -34,7 +33,6 @@ __all__ = [
     "ShallowWaterConfig",
     "ShallowWaterData",
     "ShallowWaterStream",
-    "SquareToHex",
     "ValidationSet",
     "cifar10_binary",
     "image_folder_split",

@@ -6,10 +6,9 @@
   Sec. 5.1). Values in [-1, 1].
 * :class:`ImageFolderDataset` / :func:`image_folder_split`: one folder per class (PatternNet), an
   80 / 20 split within each class, images resized and normalised to [-1, 1] (App. F).
-* :class:`SquareToHex`: bilinear resampling of a square image onto the hexagonal points of a
-  :class:`~eqvit.geometry.HexPatchGrid` (App. F: "bilinear interpolation to convert a square image
-  to one defined on H0"), for the D6 family. It commutes with the symmetries the square and the
-  hexagon share (D2: the half turn and the two axis reflections).
+
+The square -> hexagonal resampling of the D6 family is a layer of the hexagonal models
+(:class:`~eqvit.nn.tokenizers.hexagonal.SquareToHex`).
 """
 
 from __future__ import annotations
@@ -25,41 +24,6 @@ from torch import nn
 from torch.utils.data import Dataset
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
-
-
-class SquareToHex(nn.Module):
-    """``[..., C, H, W] -> [..., C, P]``: bilinear samples at the hexagonal ``points``.
-
-    The hexagonal domain (centred at the origin) is scaled so that its outermost point lands on the
-    inscribed circle of the image's pixel centres; x to the right, y up (as :func:`square_grid`).
-
-    Args:
-        img_size: ``H`` (= ``W``) or ``(H, W)`` of the square input.
-        points: ``[P, 2]`` hexagonal points, e.g. ``HexPatchGrid(9, 9).points``.
-    """
-
-    def __init__(self, img_size: int | tuple[int, int], points: np.ndarray) -> None:
-        super().__init__()
-        H, W = (img_size, img_size) if isinstance(img_size, int) else img_size
-        self.img_size = (int(H), int(W))
-        points = np.asarray(points, dtype=np.float64)
-        radius = np.linalg.norm(points, axis=1).max()
-        scale = (min(H, W) - 1) / 2 / max(radius, 1e-12)  # pixels per hexagonal unit
-        # align_corners=True: -1 and +1 are the centres of the first and last pixel.
-        gx = points[:, 0] * scale * 2 / max(W - 1, 1)
-        gy = -points[:, 1] * scale * 2 / max(H - 1, 1)
-        grid = torch.from_numpy(np.stack([gx, gy], -1)[None, None])  # [1, 1, P, 2]
-        self.register_buffer("grid", grid, persistent=False)
-        self.num_points = len(points)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-2:] != self.img_size:
-            raise ValueError(f"expected images of size {list(self.img_size)}, got shape {list(x.shape)}")
-        lead = x.shape[:-3]
-        flat = x.reshape(-1, *x.shape[-3:])
-        grid = self.grid.to(flat.dtype).expand(flat.shape[0], -1, -1, -1)
-        out = F.grid_sample(flat, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
-        return out[:, :, 0].reshape(*lead, x.shape[-3], self.num_points)
 
 
 def rotate_images(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -157,7 +121,8 @@ class ImageFolderDataset(Dataset):
     Args:
         items: from :func:`image_folder_split`.
         img_size: output side length (bilinear resize).
-        transform: optional map applied to the ``[3, S, S]`` tensor (e.g. :class:`SquareToHex`).
+        transform: optional map applied to the image as a batch of one ``[1, 3, S, S]`` (e.g.
+            :class:`~eqvit.nn.tokenizers.hexagonal.SquareToHex`); the item is its first entry.
     """
 
     def __init__(self, items: list[tuple[Path, int]], img_size: int = 256, transform: nn.Module | None = None) -> None:
@@ -177,5 +142,5 @@ class ImageFolderDataset(Dataset):
             x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1).contiguous()
         if self.transform is not None:
             with torch.no_grad():
-                x = self.transform(x)
+                x = self.transform(x[None])[0]
         return x, label

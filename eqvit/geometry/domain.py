@@ -178,3 +178,70 @@ class PointCloudDomain:
         """Rotate (or reflect) every position by ``matrix``; features are unchanged."""
         pos, feat = inputs
         return pos @ torch.as_tensor(np.array(matrix), dtype=pos.dtype, device=pos.device).T, feat
+
+
+class TokenMap:
+    """Patch tokens laid out as a map: ``points [M, 2]`` (the patch centres, in token order) sitting at the
+    cells ``cells [M]`` (row-major) of an array of ``shape``; the other cells are empty (zero).
+
+    Square patches fill their grid (``cells`` all of it, in order). Hexagonal patch centres sit in axial
+    coordinates: a ``(2r + 1) x (2r + 1)`` parallelogram holding the hexagon of radius r, the cells outside
+    it empty. :meth:`to_map` lays tokens out, :meth:`act` moves a map by a group element (the tokens as
+    points of :attr:`points`; empty cells stay empty).
+
+    Args:
+        points: ``[M, 2]`` float64 patch centres.
+        shape: the map's spatial shape.
+        cells: ``[M]`` flat cell of every token (default: ``arange(M)``, a full grid in token order).
+        name: description used in error messages.
+    """
+
+    def __init__(
+        self, points: np.ndarray, shape: tuple[int, ...], cells: np.ndarray | None = None, name: str = "token map"
+    ) -> None:
+        self.tokens = PointDomain(points, name=name)
+        self.points, self.shape, self.name = self.tokens.points, tuple(shape), name
+        size = int(np.prod(self.shape))
+        self.cells = np.arange(len(self.points)) if cells is None else np.asarray(cells, dtype=np.int64)
+        if len(self.cells) != len(self.points) or len(np.unique(self.cells)) != len(self.cells):
+            raise ValueError(f"expected one distinct cell per token ({len(self.points)}), got {len(self.cells)}")
+        if self.cells.size and not 0 <= self.cells.min() <= self.cells.max() < size:
+            raise ValueError(f"cells must lie in [0, {size}) for a map of shape {list(self.shape)}")
+        self.full = size == len(self.points) and np.array_equal(self.cells, np.arange(size))
+
+    def __repr__(self) -> str:
+        return f"TokenMap({self.name}, tokens={len(self.points)}, shape={self.shape})"
+
+    def to_map(self, values: torch.Tensor) -> torch.Tensor:
+        """``values [..., M]`` (token order) -> ``[..., *shape]``, empty cells zero."""
+        if self.full:
+            return values.reshape(*values.shape[:-1], *self.shape)
+        cells = torch.as_tensor(self.cells, device=values.device)
+        flat = values.new_zeros(*values.shape[:-1], int(np.prod(self.shape)))
+        return flat.index_copy(-1, cells, values).reshape(*values.shape[:-1], *self.shape)
+
+    def from_map(self, fmap: torch.Tensor) -> torch.Tensor:
+        """``fmap [..., *shape] -> [..., M]``: the tokens' cells, in token order."""
+        flat = fmap.reshape(*fmap.shape[: fmap.ndim - len(self.shape)], -1)
+        return flat if self.full else flat[..., torch.as_tensor(self.cells, device=fmap.device)]
+
+    def act(self, matrix: np.ndarray, fmap: torch.Tensor) -> torch.Tensor:
+        """The group element ``matrix`` moving the tokens of ``fmap [..., *shape]`` as points of :attr:`points`."""
+        return self.to_map(self.tokens.act(matrix, self.from_map(fmap)))
+
+
+def symmetry_subgroup(group, points: np.ndarray):
+    """The subgroup of ``group`` (a :class:`~eqvit.groups.FiniteGroup`) whose elements map ``points [P, d]``
+    onto themselves: ``group`` itself when all do (e.g. the half turn and the axis reflections of D6 on a
+    square pixel grid)."""
+    from eqvit.geometry.points import PointIndex
+
+    index = PointIndex(np.asarray(points, dtype=np.float64))
+    kept = []
+    for g, matrix in enumerate(group.elements):
+        try:
+            index.permutation(matrix)
+        except ValueError:
+            continue
+        kept.append(g)
+    return group if len(kept) == group.order else group.subgroup(np.asarray(kept))

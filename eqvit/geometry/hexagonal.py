@@ -143,6 +143,16 @@ class HexPatchGrid:
     def patch_size(self) -> int:
         return len(self.pixel_offsets)
 
+    def patch_map(self) -> tuple[tuple[int, int], np.ndarray]:
+        """``(shape, cells)``: the patch centres in axial coordinates, a ``(2r + 1) x (2r + 1)`` map
+        (``r = n_patch_side - 1``) with patch ``m`` at the flat cell ``cells[m]``: row ``r - j`` (the rows from
+        the top), column ``i + r`` for its patch-lattice coordinates ``(i, j)``. The cells outside the hexagon
+        hold no patch."""
+        r = self.n_patch_side - 1
+        i, j = hexagon_lattice_coords(self.n_patch_side).T  # the order of patch_centers
+        side = 2 * r + 1
+        return (side, side), ((r - j) * side + (i + r)).astype(np.int64)
+
     @cached_property
     def _indices(self) -> tuple[PointIndex, PointIndex, PointIndex]:
         return PointIndex(self.points), PointIndex(self.patch_centers), PointIndex(self.pixel_offsets)

@@ -11,7 +11,7 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +60,15 @@ def refuse_classifier_kwargs(variant: str, kwargs: dict[str, Any]) -> None:
         )
 
 
-def list_models(pattern: str = "*") -> list[str]:
-    """Registered model names matching the fnmatch ``pattern``, sorted."""
-    return sorted(name for name in _ENTRYPOINTS if fnmatch.fnmatch(name, pattern))
+def list_models(
+    pattern: str = "*", exclude_filters: str | Sequence[str] = (), inputs: str | None = None
+) -> list[str]:
+    """Registered model names matching the fnmatch ``pattern``, sorted; without those matching a pattern of
+    ``exclude_filters`` (as timm's ``list_models``); with ``inputs`` (``"images"``, ``"sphere"``, ``"points"``)
+    only the models that take it."""
+    from eqvit.models._timm import select
+
+    return select(sorted(name for name in _ENTRYPOINTS if fnmatch.fnmatch(name, pattern)), exclude_filters, inputs)
 
 
 def is_model(name: str) -> bool:

@@ -36,8 +36,9 @@ from eqvit.data.shallow_water import latlon_points
 from eqvit.geometry.domain import PointDomain, parameter_dtype
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import refuse_classifier_kwargs, register_model, strip_timm_kwargs
-from eqvit.models._timm import finish, pop_options
+from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
 from eqvit.models.so3vit import _create as create_so3vit
+from eqvit.models.so3vit import so3vit_cfg
 from eqvit.models.vit import EquivariantViT
 from eqvit.utils import unknown_name_error
 
@@ -172,10 +173,13 @@ class S2TransformerBaseline(nn.Module):
         self.in_chans, self.out_chans = in_chans, out_chans
         self.embed_dim = self.num_features = embed_dim
         self.residual = residual
-        self.domain = PointDomain(
-            latlon_points(nlat, nlon, grid).numpy(), shape=(nlat, nlon), name=f"the {nlat}x{nlon} {grid} grid"
-        )
-        with warnings.catch_warnings():
+        # torch-harmonics precomputes its grids, quadrature and convolution tensors when it is built: that needs
+        # real tensors, so the wrapped model is built on the CPU whatever the ambient device (e.g. a meta-device
+        # build; timm's device= moves it afterwards).
+        with warnings.catch_warnings(), torch.device("cpu"):
+            self.domain = PointDomain(
+                latlon_points(nlat, nlon, grid).numpy(), shape=(nlat, nlon), name=f"the {nlat}x{nlon} {grid} grid"
+            )
             # torch-harmonics announces changed defaults (SHT truncation of the spectral position
             # embedding on equiangular grids); the new defaults are the ones we want.
             warnings.filterwarnings("ignore", message="Default .* changed in v0", category=UserWarning)
@@ -232,20 +236,33 @@ class S2TransformerBaseline(nn.Module):
 def _create_s2transformer(variant: str, **kwargs: Any) -> S2TransformerBaseline:
     refuse_classifier_kwargs(variant, kwargs)
     options = pop_options(kwargs)
-    model = S2TransformerBaseline(**strip_timm_kwargs(kwargs))
-    return finish(
-        model,
-        variant,
-        options,
-        first_conv="model.encoder.conv",
-        classifier="model.decoder.conv",
-        image=False,
-    )
+    return finish(S2TransformerBaseline(**strip_timm_kwargs(kwargs)), variant, options)
 
 
 def _create_vit_ape(variant: str, **kwargs: Any) -> EquivariantViT:
     """SO3ViT's builder and timm config with the learned APE (the registered ``vit_ape_*`` defaults)."""
     return create_so3vit(variant, **kwargs)
+
+
+def s2transformer_cfg(nlat: int, nlon: int) -> dict[str, Any]:
+    """timm's config of an S2Transformer on ``[3, nlat, nlon]`` lat-lon grids (a dense model)."""
+    return entry_cfg(
+        (3, nlat, nlon),
+        inputs="sphere",
+        num_classes=0,
+        first_conv="model.encoder.conv",
+        classifier="model.decoder.conv",
+    )
+
+
+default_cfgs = register_cfgs(
+    {
+        "s2transformer_tiny": s2transformer_cfg(16, 32),
+        **{f"s2transformer_{size}": s2transformer_cfg(64, 128) for size in ("4x128", "4x256", "4x512", "8x256")},
+        "vit_ape_tiny": so3vit_cfg(3),
+        "vit_ape_4x128": so3vit_cfg(5),
+    }
+)
 
 
 @register_model

@@ -36,7 +36,7 @@ from eqvit.geometry.noisy_points import NoisyPointCloudDomain, PointVectorAction
 from eqvit.groups import FiniteGroup
 from eqvit.models._checks import check_model_args, positive_int
 from eqvit.models._registry import register_model, strip_timm_kwargs
-from eqvit.models._timm import finish, pop_options
+from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
 from eqvit.models.molecules import ATTENTIONS, POSENCS, FixedKeyAttention
 from eqvit.models.platonic import _channels, default_heads, spatial_frames
 from eqvit.nn.adaln import AdaLNZeroBlock, FrameModulation, TimestepEmbedding, modulate
@@ -134,7 +134,7 @@ class PlatonicDenoiser(nn.Module):
             else NoPositionalEncoding()
         )
         attn_cls = FixedKeyAttention if attention == "fixed_keys" else PlatonicAttention
-        rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # plain floats: meta-device builds
         self.blocks = nn.ModuleList(
             AdaLNZeroBlock(
                 RegularLayerNorm(G, channels),
@@ -219,10 +219,24 @@ def _create(variant: str, **kwargs: Any) -> PlatonicDenoiser:
             f"{variant} is a denoiser: it returns a vector and {kwargs.get('in_chans', NUM_TYPES)} type scalars per "
             "atom, not class logits, so it takes no num_classes or global_pool"
         )
-    model = build_dip(**kwargs)
-    return finish(
-        model, variant, options, first_conv="tokenizer.scalar_proj", classifier="head.scalars.proj", image=False
+    return finish(build_dip(**kwargs), variant, options)
+
+
+def dip_cfg(num_points: int) -> dict[str, Any]:
+    """timm's config of a denoiser on ``pos [num_points, 3]`` with ``NUM_TYPES`` type channels."""
+    return entry_cfg(
+        (num_points, 3),
+        inputs="points",
+        num_classes=0,
+        first_conv="tokenizer.scalar_proj",
+        classifier="head.scalars.proj",
+        in_chans=NUM_TYPES,
     )
+
+
+default_cfgs = register_cfgs(
+    {"dip_qm9_tiny": dip_cfg(6), **{f"dip_qm9_{frames}": dip_cfg(18) for frames in ("trivial", "T", "O", "I")}}
+)
 
 
 @register_model

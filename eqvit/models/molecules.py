@@ -36,10 +36,10 @@ from eqvit.geometry.domain import PointCloudDomain
 from eqvit.groups import FiniteGroup
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
-from eqvit.models._timm import finish, pop_options
-from eqvit.models.platonic import _channels, default_heads, spatial_frames
+from eqvit.models._timm import finish, pop_options, register_cfgs
+from eqvit.models.platonic import _channels, default_heads, platonic_cfg, spatial_frames
 from eqvit.models.restrict_platonic import restrictor
-from eqvit.models.vit import EquivariantViT
+from eqvit.models.vit import EquivariantViT, PointCloudViT
 from eqvit.nn.layers import FeatureGather
 from eqvit.nn.platonic import InvariantPoolHead, PlatonicAttention, platonic_block
 from eqvit.nn.posenc import FrameRoPE, NoPositionalEncoding
@@ -202,7 +202,7 @@ def build_molecule_model(
         else NoPositionalEncoding()
     )
     head = MoleculeHead(frames, channels, num_targets, atom_pool=atom_pool, drop=drop_rate)
-    model = EquivariantViT(
+    model = PointCloudViT(
         tokenizer=LiftedPointEmbed(frames, in_chans, channels),
         input_encoding=CentredPoints(),
         head=head,
@@ -230,8 +230,15 @@ def _create(variant: str, **kwargs: Any) -> EquivariantViT:
     kwargs = strip_timm_kwargs(kwargs)
     if "num_classes" in kwargs:  # timm's name for the outputs
         kwargs["num_targets"] = kwargs.pop("num_classes")
-    model = build_molecule_model(**kwargs)
-    return finish(model, variant, options, first_conv="tokenizer.scalar_proj", classifier="head.fc", image=False)
+    return finish(build_molecule_model(**kwargs), variant, options)
+
+
+default_cfgs = register_cfgs(
+    {
+        "platonic_qm9_tiny": platonic_cfg("points", (6, 3), 1, in_chans=NUM_ELEMENTS),
+        "platonic_qm9_s": platonic_cfg("points", (18, 3), 1, in_chans=NUM_ELEMENTS),
+    }
+)
 
 
 @register_model

@@ -15,23 +15,23 @@ from typing import Any
 
 import numpy as np
 
-from eqvit.geometry.domain import PointDomain
+from eqvit.geometry.domain import PointDomain, TokenMap, symmetry_subgroup
 from eqvit.geometry.hexagonal import HexPatchGrid
 from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
-from eqvit.models._timm import finish, pop_options
+from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.irrep_attention import ATTENTION_LAYOUTS, head_basis, head_layout
-from eqvit.nn.irrep_blocks import InvariantHead, irrep_block
+from eqvit.nn.irrep_blocks import ClassTokenHead, TokenInvariants, irrep_block
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc import FrameRoPE, NoPositionalEncoding
 from eqvit.nn.posenc.invariant import InvariantAPE
-from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer
+from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer, SquareToHex
 from eqvit.nn.tokenizers.square import SQUARE_GROUPS, SquarePatchTokenizer
 from eqvit.utils import unknown_name_error
 
@@ -106,7 +106,7 @@ def build_o2vit(
     posenc: str = "invariant_ape",
     in_chans: int = 3,
     num_classes: int = 38,
-    img_size: int = 256,
+    img_size: int | None = 256,
     patch_size: int = 16,
     n_patch_side: int = 9,
     n_pixel_side: int = 9,
@@ -129,8 +129,14 @@ def build_o2vit(
     """Build an O(2)-subgroup ViT.
 
     Args:
-        grid: ``"square"`` (input ``[B, C, img_size, img_size]``, D4 family) or ``"hex"`` (input
-            ``[B, C, P]`` on ``HexPatchGrid(n_patch_side, n_pixel_side)``, D6 family).
+        grid: ``"square"`` (input ``[B, C, img_size, img_size]``, D4 family) or ``"hex"`` (patches of
+            ``HexPatchGrid(n_patch_side, n_pixel_side)``, D6 family).
+        img_size: the side of the square input images. Hexagonal models resample them onto their grid
+            (:class:`~eqvit.nn.tokenizers.hexagonal.SquareToHex`, the first layer) and are exactly
+            equivariant to the elements of ``group`` that map the square pixel grid onto itself (for D6 the
+            half turn and the two axis reflections; ``model.group``); with ``img_size=None`` a hexagonal
+            model takes the resampled input ``[B, C, P]`` on ``model.domain.points`` and is equivariant to
+            all of ``group``.
         group: ``"D4"``, ``"C4"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (square) or ``"D6"``,
             ``"C6"``, ``"D3"``, ``"C3"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (hex).
         attention: ``"coupled"`` (``num_heads`` heads), ``"irrepwise"`` (``num_heads`` per irrep, or
@@ -198,32 +204,45 @@ def build_o2vit(
         G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies), layout=layout
     )
 
+    symmetry, input_encoding = G, None
     if grid == "square":
+        if img_size is None:
+            raise ValueError("square models take images: pass img_size (the side of the square input)")
         tokenizer = SquarePatchTokenizer(G, img_size, patch_size, in_chans, ftype)
-        domain = PointDomain(
-            square_grid(img_size, img_size), shape=(img_size, img_size), name=f"the {img_size}x{img_size} square grid"
-        )
+        domain = square_domain(img_size)
         side = img_size // patch_size
-        token_grid = PointDomain(tokenizer.centers, shape=(side, side), name=f"the {side}x{side} patch grid")
-        reduction = patch_size
+        token_grid = TokenMap(tokenizer.centers, (side, side), name=f"the {side}x{side} patch grid")
+        reduction = token_spacing = patch_size
     else:
         hexgrid = HexPatchGrid(n_patch_side, n_pixel_side)
         tokenizer = HexPatchTokenizer(G, hexgrid, in_chans, ftype)
-        domain = PointDomain(
-            hexgrid.points, name=f"the hexagonal grid ({n_patch_side}, {n_pixel_side}) with {hexgrid.num_points} points"
-        )
-        token_grid = PointDomain(tokenizer.centers, name=f"the {tokenizer.num_tokens} hexagonal patch centres")
-        reduction = max(1, round(hexgrid.spacing * math.sqrt(3)))  # centre-to-centre distance in pixels
-    head = InvariantHead(ftype, num_classes, head_drop_rate)
+        shape, cells = hexgrid.patch_map()
+        name = f"the {tokenizer.num_tokens} hexagonal patch centres in a {shape[0]}x{shape[1]} axial map"
+        token_grid = TokenMap(tokenizer.centers, shape, cells, name=name)
+        spacing = hexgrid.spacing * math.sqrt(3)  # centre-to-centre distance in hexagonal pixels
+        token_spacing = max(1, round(spacing))
+        if img_size is None:
+            domain = PointDomain(
+                hexgrid.points,
+                name=f"the hexagonal grid ({n_patch_side}, {n_pixel_side}) with {hexgrid.num_points} points",
+            )
+        else:
+            input_encoding = SquareToHex(img_size, hexgrid.points)
+            domain = square_domain(img_size)
+            symmetry = symmetry_subgroup(G, domain.points)
+            spacing *= input_encoding.scale  # in image pixels
+        reduction = max(1, round(spacing))
+    readout = TokenInvariants(ftype)
+    head = ClassTokenHead(readout.num_features, num_classes, head_drop_rate)
     if posenc == "invariant_ape":
         scheme = InvariantAPE(G, tokenizer.centers, ftype)
     elif posenc == "frame_rope":
-        radius = max(float(np.linalg.norm(tokenizer.centers, axis=-1).max()), reduction)
+        radius = max(float(np.linalg.norm(tokenizer.centers, axis=-1).max()), token_spacing)
         scheme = FrameRoPE(
             G,
             *frame_rope,
             positions=tokenizer.centers.copy(),
-            min_wavelength=2.0 * reduction,
+            min_wavelength=2.0 * token_spacing,
             max_wavelength=4.0 * radius,
         )
     else:
@@ -251,7 +270,8 @@ def build_o2vit(
         drop_rate=drop_rate,
         drop_path_rate=drop_path_rate,
         posenc=scheme,
-        group=G,
+        input_encoding=input_encoding,
+        group=symmetry,
         domain=domain,
         in_chans=in_chans,
         out_chans=num_classes or head.num_features,
@@ -263,10 +283,18 @@ def build_o2vit(
         token_grid=token_grid,
         token_type=ftype,
         feature_reduction=reduction,
+        readout=readout,
     )
     model.feature_type = ftype
     model.head_dims = [len(h) for h in heads]  # width of each attention head, in order (every block alike)
     return model
+
+
+def square_domain(img_size: int) -> PointDomain:
+    """Fields on the ``img_size x img_size`` pixel centres (:func:`~eqvit.geometry.square_grid`)."""
+    return PointDomain(
+        square_grid(img_size, img_size), shape=(img_size, img_size), name=f"the {img_size}x{img_size} square grid"
+    )
 
 
 def _frame_channels(ftype: FeatureType) -> int:
@@ -279,42 +307,59 @@ def _frame_channels(ftype: FeatureType) -> int:
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:
     """Build, attach timm's ``pretrained_cfg`` and honour ``features_only`` (:mod:`eqvit.models._timm`)."""
     options = pop_options(kwargs)
-    model = build_o2vit(**strip_timm_kwargs(kwargs))
-    return finish(
-        model,
-        variant,
-        options,
+    return finish(build_o2vit(**strip_timm_kwargs(kwargs)), variant, options)
+
+
+def o2vit_cfg(img_size: int, map_side: int, num_classes: int) -> dict[str, Any]:
+    """timm's config of an O(2) image classifier: ``[3, img_size, img_size]`` images, ``map_side^2`` maps."""
+    return entry_cfg(
+        (3, img_size, img_size),
+        inputs="images",
+        num_classes=num_classes,
+        pool_size=(map_side, map_side),
         first_conv="tokenizer.embed.proj",
         classifier="head.fc",
-        image=True,
     )
+
+
+default_cfgs = register_cfgs(
+    {
+        "o2vit_square_tiny": o2vit_cfg(8, 2, 5),
+        "o2vit_hex_tiny": o2vit_cfg(16, 3, 5),
+        "o2vit_square_s": o2vit_cfg(256, 16, 38),
+        "o2vit_hex_s": o2vit_cfg(224, 17, 38),
+    }
+)
 
 
 @register_model
 def o2vit_square_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    """Tiny D4 square model for tests: 8 x 8 images, 4 x 4 patches (4 tokens), depth 2, width 3 x regular.
+    """Tiny D4 square model for tests: 8 x 8 images, 4 x 4 patches (4 tokens), depth 3, width 3 x regular.
 
-    Depth 2, not 1: in the first block the class token is trivial, so with one block the
-    non-trivial query weights would not reach the logits (an exactly zero gradient).
+    Depth 3: timm's feature tests ask for three feature levels (one per block); with one block the
+    non-trivial query weights would not even reach the logits (the class token is trivial in the first
+    block: an exactly zero gradient).
     """
     model_args = dict(
-        grid="square", img_size=8, patch_size=4, depth=2, num_heads=3, regular_copies=3, num_classes=5, mlp_ratio=1.0
+        grid="square", img_size=8, patch_size=4, depth=3, num_heads=3, regular_copies=3, num_classes=5, mlp_ratio=1.0
     )
     return _create("o2vit_square_tiny", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def o2vit_hex_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    """Tiny D6 hexagonal model for tests: 7 hexagonal patches of 37 pixels, depth 2, width 3 x regular.
+    """Tiny D6 hexagonal model for tests: 16 x 16 images resampled onto 7 hexagonal patches of 37 pixels,
+    depth 3, width 3 x regular.
 
     37-pixel patches contain a free D6 orbit, so every irrep (A2 included) is read from the input.
     """
     model_args = dict(
         grid="hex",
         group="D6",
+        img_size=16,
         n_patch_side=2,
         n_pixel_side=4,
-        depth=2,
+        depth=3,
         num_heads=3,
         regular_copies=3,
         num_classes=5,
@@ -332,6 +377,9 @@ def o2vit_square_s(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
 
 @register_model
 def o2vit_hex_s(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    """The seed's hexagonal setting (App. F): D6, 217 patches of 217 pixels, depth 6, 3 coupled heads."""
-    model_args = dict(grid="hex", group="D6", n_patch_side=9, n_pixel_side=9, depth=6, num_heads=3, regular_copies=3)
+    """The seed's hexagonal setting (App. F): D6, 224 x 224 images resampled onto 217 patches of 217 pixels,
+    depth 6, 3 coupled heads."""
+    model_args = dict(
+        grid="hex", group="D6", img_size=224, n_patch_side=9, n_pixel_side=9, depth=6, num_heads=3, regular_copies=3
+    )
     return _create("o2vit_hex_s", pretrained=pretrained, **dict(model_args, **kwargs))

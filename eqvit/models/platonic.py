@@ -27,15 +27,15 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from eqvit.geometry.domain import PointCloudDomain, PointDomain
+from eqvit.geometry.domain import PointCloudDomain, PointDomain, TokenMap
 from eqvit.geometry.square import square_grid
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.groups.base import match_matrices
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
-from eqvit.models._timm import finish, pop_options
+from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
 from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
-from eqvit.models.vit import EquivariantViT
+from eqvit.models.vit import EquivariantViT, PointCloudViT
 from eqvit.nn.basis import AttentionInBasis
 from eqvit.nn.irrep_attention import IrrepAttention, irrepwise_heads
 from eqvit.nn.irrep_features import FeatureType
@@ -337,7 +337,7 @@ def build_platonic(
     if kind == "points":
         rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
         head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "mean")
-        model = EquivariantViT(
+        model = PointCloudViT(
             tokenizer=LiftedPointEmbed(frames, in_chans, channels),
             input_encoding=CentredPoints(),
             head=head,
@@ -373,8 +373,8 @@ def build_platonic(
             ),
             out_chans=classes or head.num_features,
             output_action="invariant",
-            token_grid=PointDomain(
-                square_patch_layout(img_size, patch_size)[1], shape=(side, side), name=f"the {side}x{side} patch grid"
+            token_grid=TokenMap(
+                square_patch_layout(img_size, patch_size)[1], (side, side), name=f"the {side}x{side} patch grid"
             ),
             token_type=tokenizer.out_type,
             feature_reduction=patch_size,
@@ -422,11 +422,44 @@ def on_frame_stream(model: EquivariantViT) -> EquivariantViT:
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:
     """Build, attach timm's ``pretrained_cfg`` and honour ``features_only`` (:mod:`eqvit.models._timm`)."""
     options = pop_options(kwargs)
-    model = build_platonic(**strip_timm_kwargs(kwargs))
-    kind = kwargs["kind"]
-    first_conv = {"points": "tokenizer.scalar_proj", "image": "tokenizer"}.get(kind, "tokenizer.embed.proj")
-    classifier = "head.head.proj" if kind == "sphere" else "head.fc"
-    return finish(model, variant, options, first_conv=first_conv, classifier=classifier, image=kind == "image")
+    return finish(build_platonic(**strip_timm_kwargs(kwargs)), variant, options)
+
+
+# The first and last layer of each input kind: the patch embedding / point lifting, the classifier or the
+# icosphere unpatchify's projection.
+_LAYERS = {
+    "images": ("tokenizer", "head.fc"),
+    "points": ("tokenizer.scalar_proj", "head.fc"),
+    "sphere": ("tokenizer.embed.proj", "head.head.proj"),
+}
+
+
+def platonic_cfg(
+    inputs: str, input_size: tuple[int, ...], num_classes: int, pool_size: tuple[int, int] | None = None, **kw: Any
+) -> dict[str, Any]:
+    """timm's config of a Platonic Transformer taking ``inputs`` (:data:`~eqvit.models._timm.INPUT_KINDS`)."""
+    first_conv, classifier = _LAYERS[inputs]
+    return entry_cfg(
+        input_size,
+        inputs=inputs,
+        num_classes=num_classes,
+        pool_size=pool_size,
+        first_conv=first_conv,
+        classifier=classifier,
+        **kw,
+    )
+
+
+default_cfgs = register_cfgs(
+    {
+        "platonic_points_tiny": platonic_cfg("points", (64, 3), 5, in_chans=1),
+        "platonic_points_s": platonic_cfg("points", (64, 3), 10, in_chans=1),
+        "platonic_image_tiny": platonic_cfg("images", (3, 8, 8), 5, (4, 4)),
+        "platonic_image_s": platonic_cfg("images", (1, 32, 32), 10, (8, 8)),
+        "platonic_sphere_tiny": platonic_cfg("sphere", (3, 642), 0),
+        "platonic_sphere_4x128": platonic_cfg("sphere", (3, 10242), 0),
+    }
+)
 
 
 @register_model
@@ -445,9 +478,10 @@ def platonic_points_s(pretrained: bool = False, **kwargs: Any) -> EquivariantViT
 
 @register_model
 def platonic_image_tiny(pretrained: bool = False, **kwargs: Any) -> EquivariantViT:
-    """Tiny image Platonic Transformer for tests: D4 frames, 8x8 images, 2x2 patches, depth 2."""
+    """Tiny image Platonic Transformer for tests: D4 frames, 8x8 images, 2x2 patches, depth 3 (timm's
+    feature tests ask for three feature levels)."""
     model_args = dict(
-        kind="image", group="D4", in_chans=3, num_classes=5, embed_dim=48, depth=2, img_size=8, patch_size=2
+        kind="image", group="D4", in_chans=3, num_classes=5, embed_dim=48, depth=3, img_size=8, patch_size=2
     )
     return _create("platonic_image_tiny", pretrained=pretrained, **dict(model_args, **kwargs))
 

@@ -49,13 +49,13 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
         model: an O(2)-subgroup ViT (``eqvit.create_model("o2vit_*")``), a Platonic Transformer
             (``platonic_*``, restricted frame by frame) or a restricted one, with any positional scheme
             and attention layout.
-        subgroup: a subgroup name of ``model.group`` (``"C4"``, ``"D2"``, ``"D1"``, ...; for Platonic
-            models of ``model.frames``, e.g. ``"T"``), or a FiniteGroup taken from it with
-            ``model.group.subgroup(indices)``.
+        subgroup: a subgroup name of the group of the model's features (``model.token_type.group``: ``"C4"``,
+            ``"D2"``, ``"D1"``, ...; for Platonic models of ``model.frames``, e.g. ``"T"``), or a FiniteGroup
+            taken from it with ``.subgroup(indices)``.
 
     Returns:
-        A new model (same dtype, device, eval/train mode) with ``.group`` the subgroup and at least as
-        many free parameters.
+        A new model (same dtype, device, eval/train mode) with ``.group`` the subgroup (for a hexagonal model
+        on square images, its elements that map the image onto itself) and at least as many free parameters.
     """
     from eqvit.models.restrict_platonic import is_platonic, restrict_platonic
 
@@ -66,7 +66,7 @@ def restrict(model: EquivariantViT, subgroup: str | FiniteGroup) -> EquivariantV
             "restrict() expects an O(2)-subgroup ViT (o2vit_*) or a Platonic Transformer (platonic_*), "
             f"got {type(model).__name__}"
         )
-    return restrict_irrep_model(model, find_subgroup(model.group, subgroup))
+    return restrict_irrep_model(model, find_subgroup(model.token_type.group, subgroup))
 
 
 class SymmetryRelaxation:

@@ -28,13 +28,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from eqvit.geometry.domain import symmetry_subgroup
 from eqvit.groups import FiniteGroup, Representation
 from eqvit.models.restriction import Restriction, restrict_children, restrict_module, restrictor
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.activation import FourierActivation
 from eqvit.nn.basis import FrameRotary, HeadBasis, IdentityBasis
 from eqvit.nn.irrep_attention import IrrepAttention
-from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp
+from eqvit.nn.irrep_blocks import IrrepMlp, TokenInvariants
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
@@ -272,14 +273,13 @@ def _restrict_hex_tokenizer(tok: HexPatchTokenizer, r: IrrepRestriction) -> HexP
     return _restrict_planar(tok, new, r)
 
 
-@restrictor(InvariantHead, kind=IrrepRestriction)
-def _restrict_head(head: InvariantHead, r: IrrepRestriction) -> InvariantHead:
-    """The images of G's trivial coordinates and of G's irrep copies (the same invariants); the classifier kept."""
-    W, R = r.map(head.in_type)
-    trivial = np.array([_support(R, np.array([t]))[0] for t in head.trivial], dtype=np.int64)
-    new = InvariantHead(W, 0, head.drop.p, trivial=trivial, groups=[_support(R, g) for g in head.groups])
-    new.num_classes, new.fc = head.num_classes, copy.deepcopy(head.fc)
-    return new.double()
+@restrictor(TokenInvariants, kind=IrrepRestriction)
+def _restrict_invariants(readout: TokenInvariants, r: IrrepRestriction) -> TokenInvariants:
+    """The images of G's trivial coordinates and of G's irrep copies: the same invariants, in the same order
+    (the classifier reading them is kept as it is)."""
+    W, R = r.map(readout.in_type)
+    trivial = np.array([_support(R, np.array([t]))[0] for t in readout.trivial], dtype=np.int64)
+    return TokenInvariants(W, trivial=trivial, groups=[_support(R, g) for g in readout.groups])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -291,7 +291,8 @@ def _restrict_model(model: EquivariantViT, r: IrrepRestriction) -> EquivariantVi
     """The model with every child restricted, then its group, feature types and config set."""
     new = restrict_children(model, r)
     W = r.restricted_type(model.feature_type)
-    new.group, new.feature_type = r.H, W
+    # the input's symmetries: all of H, or on square images resampled onto hexagons those that map the image
+    new.group, new.feature_type = symmetry_subgroup(r.H, model.domain.points), W
     if getattr(model, "token_type", None) is not None:
         new.token_type = r.restricted_type(model.token_type)
     new.config = dict(model.config, group=r.H.name, restricted_from=r.G.name)
@@ -307,11 +308,12 @@ def is_irrep_model(model: nn.Module) -> bool:
 
 
 def restrict_irrep_model(model: EquivariantViT, H: FiniteGroup) -> EquivariantViT:
-    """``model`` (irrep features of ``model.group``) restricted to the subgroup ``H``, in float64 until the end."""
+    """``model`` (irrep features of ``V.group``, ``V = model.feature_type``) restricted to the subgroup ``H``, in
+    float64 until the end."""
     V = model.feature_type
     attn = model.blocks[0].attn if len(model.blocks) else None
     heads = attn.heads if isinstance(attn, IrrepAttention) and isinstance(attn.head_basis, IdentityBasis) else None
-    restriction = IrrepRestriction.build(model.group, H, V, heads)
+    restriction = IrrepRestriction.build(V.group, H, V, heads)
     like = next(model.parameters())
     with torch.no_grad():
         new = restrict_module(model, restriction)

@@ -21,10 +21,12 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.nn.irrep_blocks import ClassTokenHead
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import Block, DropPath
+from eqvit.nn.layers import Block, DropPath, InputCheck
 from eqvit.nn.posenc.base import NoPositionalEncoding
 from eqvit.nn.posenc.latitude import LatitudeEncoding
+from eqvit.nn.tokenizers.hexagonal import SquareToHex
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
 from eqvit.nn.tokenizers.platonic import CentredPoints
 
@@ -61,6 +63,9 @@ GROUP_AGNOSTIC: tuple[type, ...] = (
     nn.Dropout,
     nn.GELU,
     DropPath,
+    InputCheck,
+    ClassTokenHead,
+    SquareToHex,  # a fixed resampling that commutes with the model's symmetries
     NoPositionalEncoding,
     LatitudeEncoding,
     IcospherePatchEmbed,

@@ -39,7 +39,7 @@ from eqvit.geometry.icosphere import icosphere
 from eqvit.groups import FiniteGroup, get_group
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import refuse_classifier_kwargs, register_model, strip_timm_kwargs
-from eqvit.models._timm import finish, pop_options
+from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.posenc import LatitudeEncoding, LearnedAPE, NoPositionalEncoding, OrbitAPE, SO3RoPE
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
@@ -137,15 +137,22 @@ def _create(variant: str, **kwargs: Any) -> EquivariantViT:
     """Build and attach timm's ``pretrained_cfg`` (:mod:`eqvit.models._timm`); a dense model, no classifier."""
     refuse_classifier_kwargs(variant, kwargs)
     options = pop_options(kwargs)
-    model = build_so3vit(**strip_timm_kwargs(kwargs))
-    return finish(
-        model,
-        variant,
-        options,
-        first_conv="tokenizer.proj",
-        classifier="head.proj",
-        image=False,
-    )
+    return finish(build_so3vit(**strip_timm_kwargs(kwargs)), variant, options)
+
+
+def so3vit_cfg(level: int) -> dict[str, Any]:
+    """timm's config of a dense icosphere model on ``[3, V]`` at icosphere ``level``."""
+    vertices = 10 * 4**level + 2
+    return entry_cfg((3, vertices), inputs="sphere", num_classes=0, first_conv="tokenizer.proj", classifier="head.proj")
+
+
+default_cfgs = register_cfgs(
+    {
+        "so3vit_tiny": so3vit_cfg(3),
+        **{name: so3vit_cfg(5) for name in ("so3vit_4x128", "so3vit_4x256", "so3vit_4x512")},
+        **{name: so3vit_cfg(5) for name in ("so3vit_16x512", "so3vit_32x512")},
+    }
+)
 
 
 @register_model

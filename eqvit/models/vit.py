@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from eqvit.geometry.domain import PointDomain, parameter_dtype
+from eqvit.geometry.domain import TokenMap
 from eqvit.groups import FiniteGroup
 from eqvit.groups.base import match_matrices
-from eqvit.nn.layers import vit_block
+from eqvit.nn.layers import InputCheck, vit_block
 from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 
 
@@ -27,9 +27,12 @@ def _as_inputs(encoded: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.
     return encoded if isinstance(encoded, tuple) else (encoded,)
 
 
-def _packed(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """The form ``domain.check`` and ``domain.act`` take: the tensor, or the tuple of several inputs."""
-    return inputs[0] if len(inputs) == 1 else inputs
+def _output(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return out
+
+
+def _output_plus_input(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return out + x
 
 
 def _call_block(block: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -66,15 +69,18 @@ def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> tuple[
 class EquivariantViT(nn.Module):
     """A timm-style ViT whose parts decide which group it is equivariant to.
 
-    One forward for every family: the model is called on its inputs (``model(x)`` for images and
-    the sphere, ``model(pos, feat)`` for point clouds); ``input_encoding`` maps them (latitude
-    encoding, centring of the positions), the tokenizer takes them all, and the positional scheme
-    gives the rotary embedding for them (``posenc.rope_for(*inputs)``: fixed for a grid, bound to
-    the positions of each batch for point clouds).
+    One forward for every family: ``model(x)`` for images and the sphere (``[B, C, *grid]``);
+    :class:`PointCloudViT` takes ``model(pos, feat)``. ``input_encoding`` maps the inputs (latitude
+    encoding, resampling onto a hexagonal grid, centring of the positions), the tokenizer takes them
+    all, and the positional scheme gives the rotary embedding for them (``posenc.rope_for(*inputs)``:
+    fixed for a grid, bound to the positions of each batch for point clouds).
 
     Args:
         tokenizer: ``(*inputs) -> tokens [B, N, embed_dim]``.
-        head: ``tokens [B, N, embed_dim] -> output``.
+        head: ``features [B, N, num_features] -> output`` (a classifier has ``pre_logits``, ``num_features``,
+            ``num_classes`` and ``reset_classifier``).
+        readout: ``tokens [B, N, embed_dim] -> features [B, N, num_features]``, what the head pools
+            (the O(2) models' invariants of every token); default the identity.
         embed_dim, depth, num_heads, mlp_ratio, qkv_bias, qk_norm: the usual ViT sizes.
         posenc: positional scheme; rotary schemes go into attention, others add to tokens.
         input_encoding: applied to the raw inputs before tokenization (e.g. latitude encoding, or
@@ -92,9 +98,8 @@ class EquivariantViT(nn.Module):
         norm_layer: the final norm (default ``nn.LayerNorm(embed_dim)``).
         num_prefix_tokens: tokens the tokenizer prepends (class tokens), skipped by positional schemes.
         config: the keyword arguments the model was built with (saved in checkpoints).
-        token_grid: the patch tokens as a field on their centres (a :class:`PointDomain`, token order,
-            ``shape`` the map's spatial shape): image models get intermediate maps
-            (:meth:`forward_intermediates`, ``feature_info``, ``features_only``).
+        token_grid: the patch tokens laid out as a map (:class:`~eqvit.geometry.domain.TokenMap`): image
+            models get intermediate maps (:meth:`forward_intermediates`, ``feature_info``, ``features_only``).
         token_type: the tokens' feature type (``.act(g, x [..., C])``), the action on the map channels.
         feature_reduction: input pixels per map step (``feature_info``'s ``reduction``).
 
@@ -131,26 +136,33 @@ class EquivariantViT(nn.Module):
         norm_layer: nn.Module | None = None,
         num_prefix_tokens: int = 0,
         config: dict[str, Any] | None = None,
-        token_grid: PointDomain | None = None,
+        token_grid: TokenMap | None = None,
         token_type: Any = None,
         feature_reduction: int = 1,
+        readout: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if residual and in_chans != out_chans:
             raise ValueError(f"residual prediction needs in_chans == out_chans, got {in_chans} and {out_chans}")
         self.in_chans, self.out_chans = in_chans, out_chans
-        self.embed_dim = self.num_features = embed_dim
+        self.embed_dim = embed_dim
+        self.readout = readout if readout is not None else nn.Identity()
+        # timm: the width of forward_features' tokens, which the head pools.
+        self.num_features = getattr(readout, "num_features", embed_dim)
         self.group = group
         self.domain = domain
         self.output_action = output_action
         self.residual = residual
+        self.input_check = InputCheck(domain, in_chans) if domain is not None else nn.Identity()
+        self.add_input = _output_plus_input if residual else _output  # chosen here: no flag in forward
         self.config = dict(config or {})
         self.input_encoding = input_encoding if input_encoding is not None else nn.Identity()
         self.tokenizer = tokenizer
         self.posenc = posenc if posenc is not None else NoPositionalEncoding()
         self.pos_drop = nn.Dropout(drop_rate)
         self.num_prefix_tokens = num_prefix_tokens
-        rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        # Plain floats (not torch.linspace): models are also built under a meta-device context.
+        rates = np.linspace(0.0, drop_path_rate, depth).tolist()
         if block_fn is None:
 
             def block_fn(index: int, rate: float) -> nn.Module:
@@ -256,20 +268,25 @@ class EquivariantViT(nn.Module):
             tokens = self.run_block(block, tokens, rope)
             yield tokens
 
-    def forward_features(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """Inputs -> normalised tokens ``[B, N, embed_dim]``."""
+    def features(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Raw inputs -> the features the head pools ``[B, N, num_features]``: the readout of the normalised tokens."""
         # Only the last block's tokens stay referenced (``*_, tokens = ...`` would keep every block's
         # output alive to the end: fresh memory for each block instead of reusing the one before).
         (tokens,) = deque(self.forward_blocks(*inputs), maxlen=1)
-        return self.norm(tokens)
+        return self.readout(self.norm(tokens))
 
-    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Normalised tokens ``[B, N, embed_dim]`` -> the head's output; with ``pre_logits`` the pooled
-        invariant features ``[B, head_hidden_size]`` the classifier reads (classifiers only)."""
-        return self._classifier().pre_logits(tokens) if pre_logits else self.head(tokens)
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, C, *grid]`` -> the features the head pools ``[B, N, num_features]`` (the normalised tokens,
+        or for the O(2) models the invariants of every normalised token)."""
+        return self.features(self.input_check(x))
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Features ``[B, N, num_features]`` -> the head's output; with ``pre_logits`` the pooled invariant
+        features ``[B, head_hidden_size]`` the classifier reads (classifiers only)."""
+        return self._classifier().pre_logits(features) if pre_logits else self.head(features)
 
     # ---------------------------------------------------------------- timm: intermediates
-    def _grid(self) -> PointDomain:
+    def _grid(self) -> TokenMap:
         if self.token_grid is None:
             raise ValueError(
                 f"intermediate maps need patch tokens on an image grid (o2vit_*, platonic_image_*); "
@@ -295,10 +312,11 @@ class EquivariantViT(nn.Module):
             return_prefix_tokens: pair each map with the class token(s) ``[B, num_prefix_tokens, C]``.
             norm: apply the final norm to each intermediate.
             stop_early: run only the blocks up to the last one taken.
-            output_fmt: ``"NCHW"``: ``[B, C, *token_grid.shape]``, channels first with the patch tokens as a
-                field on :attr:`token_grid`: ``[B, C, H', W']`` on square images (``H' = H / patch``, rows top
-                down, like timm), ``[B, C, M]`` on the hexagonal grid (the M patch centres
-                ``token_grid.points`` in the tokenizer's order); ``"NLC"``: ``[B, M, C]``.
+            output_fmt: ``"NCHW"``: ``[B, C, *token_grid.shape]``, channels first with the patch tokens laid
+                out by :attr:`token_grid` (:class:`~eqvit.geometry.domain.TokenMap`): ``[B, C, H', W']`` on
+                square images (``H' = H / patch``, rows top down, like timm); on the hexagonal grid the patch
+                centres in axial coordinates, ``[B, C, 2r + 1, 2r + 1]`` with the cells outside the hexagon
+                zero; ``"NLC"``: ``[B, M, C]``, the M patch tokens in the tokenizer's order.
             intermediates_only: return only the maps.
 
         The maps are block outputs in the tokens' feature type (:attr:`token_type`: irrep-wise for the
@@ -312,21 +330,19 @@ class EquivariantViT(nn.Module):
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"expected output_fmt 'NCHW' or 'NLC', got {output_fmt!r}")
         taken, last = take_indices(len(self.blocks), indices)
-        if self.domain is not None:
-            self.domain.check(x, self.in_chans, parameter_dtype(self))
         intermediates = []
-        for i, tokens in enumerate(self.forward_blocks(x, last=last if stop_early else None)):
+        for i, tokens in enumerate(self.forward_blocks(self.input_check(x), last=last if stop_early else None)):
             if i in taken:
                 intermediates.append(self.norm(tokens) if norm else tokens)
         p = self.num_prefix_tokens
         maps = [y[:, p:] for y in intermediates]
         if output_fmt == "NCHW":
-            maps = [y.transpose(1, 2).reshape(y.shape[0], y.shape[2], *grid.shape) for y in maps]
+            maps = [grid.to_map(y.transpose(1, 2)) for y in maps]
         if return_prefix_tokens:
             maps = [(m, y[:, :p]) for m, y in zip(maps, intermediates)]
         if intermediates_only:
             return maps
-        return self.norm(tokens), maps
+        return self.readout(self.norm(tokens)), maps
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
@@ -358,9 +374,22 @@ class EquivariantViT(nn.Module):
         channels_last = fmap.movedim(axis, -1)
         return grid.act(matrix, self.token_type.act(g, channels_last).movedim(-1, axis))
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """``model(x)`` (images, the sphere) or ``model(pos, feat)`` (point clouds) -> the head's output."""
-        if self.domain is not None:
-            self.domain.check(_packed(inputs), self.in_chans, parameter_dtype(self))
-        out = self.forward_head(self.forward_features(*inputs))
-        return out + inputs[0] if self.residual else out
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, C, *grid]`` (images, the sphere) -> the head's output: logits ``[B, num_classes]`` or a
+        field ``[B, out_chans, *grid]``."""
+        x = self.input_check(x)
+        return self.add_input(self.head(self.features(x)), x)
+
+
+class PointCloudViT(EquivariantViT):
+    """:class:`EquivariantViT` on point clouds: ``model(pos [B, N, d], feat [B, N, C])``."""
+
+    def forward_features(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
+        """``(pos [B, N, d], feat [B, N, C])`` -> the features the head pools ``[B, N, num_features]``."""
+        self.input_check(pos, feat)
+        return self.features(pos, feat)
+
+    def forward(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
+        """``(pos [B, N, d], feat [B, N, C])`` -> the head's output (e.g. logits ``[B, num_classes]``)."""
+        self.input_check(pos, feat)
+        return self.head(self.features(pos, feat))

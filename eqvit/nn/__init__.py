@@ -3,7 +3,7 @@
 from eqvit.nn.activation import FourierActivation
 from eqvit.nn.attention import Attention
 from eqvit.nn.irrep_attention import IrrepAttention
-from eqvit.nn.irrep_blocks import InvariantHead, IrrepMlp, irrep_block
+from eqvit.nn.irrep_blocks import ClassTokenHead, IrrepMlp, TokenInvariants, irrep_block
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, DropPath, FeatureGather, Mlp, vit_block
 from eqvit.nn.linear import IrrepLinear
@@ -39,6 +39,7 @@ from eqvit.nn.regular import (
 __all__ = [
     "Attention",
     "Block",
+    "ClassTokenHead",
     "DropPath",
     "FeatureGather",
     "FeatureType",
@@ -50,7 +51,6 @@ __all__ = [
     "FramePoolDense",
     "FrameRoPE",
     "GroupConvLinear",
-    "InvariantHead",
     "InvariantPoolHead",
     "IrrepAttention",
     "IrrepLayerNorm",
@@ -68,6 +68,7 @@ __all__ = [
     "RegularLayerNorm",
     "RegularLayerScale",
     "SO3RoPE",
+    "TokenInvariants",
     "frame_action",
     "irrep_block",
     "platonic_block",

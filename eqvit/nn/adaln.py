@@ -33,7 +33,7 @@ class TimestepEmbedding(ExactBuffers):
         if freq_dim % 2:
             raise ValueError(f"expected an even freq_dim (cos and sin pairs), got {freq_dim}")
         half = freq_dim // 2
-        freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / half) * scale
+        freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64, device="cpu") / half) * scale
         self.register_exact_buffer("freqs", freqs)
         self.mlp = nn.Sequential(vit_linear(freq_dim, dim), nn.SiLU(), vit_linear(dim, dim))
         self.dim = dim

@@ -41,7 +41,8 @@ class ExactBuffers(nn.Module):
     def exact_buffer(self, name: str) -> torch.Tensor:
         """Buffer ``name`` in float64 on the CPU: its master, unless the buffer was changed in place since."""
         master, current = self._exact_masters[name], getattr(self, name)
-        if torch.equal(current, master.to(device=current.device, dtype=current.dtype)):
+        # A buffer on the meta device holds no values, so nothing can have changed it: the master stands.
+        if current.is_meta or torch.equal(current, master.to(device=current.device, dtype=current.dtype)):
             return master
         return current.detach().to(device="cpu", dtype=torch.float64)
 

@@ -141,7 +141,7 @@ class FoldedLayerNorm(nn.Module):
 
 
 class FoldedIrrepLayerNorm(nn.Module):
-    """:class:`~eqvit.nn.norm.IrrepLayerNorm` with its per-coordinate affine fixed: six ops per token."""
+    """:class:`~eqvit.nn.norm.IrrepLayerNorm` with its per-coordinate affine fixed."""
 
     def __init__(self, norm: nn.Module) -> None:
         super().__init__()
@@ -152,10 +152,10 @@ class FoldedIrrepLayerNorm(nn.Module):
         self.register_buffer("beta", frozen(beta))
         self.register_buffer("mask", frozen(mask))
         self.register_buffer("neg_center_col", frozen(norm.neg_center_col))
-        self.register_buffer("root", beta.new_tensor(math.sqrt(dim * norm.eps)))
+        self.register_buffer("dim_eps", beta.new_tensor(dim * norm.eps))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return irrep_layer_norm(x, self.neg_center_col, self.mask, self.gamma, self.beta, self.root)
+        return irrep_layer_norm(x, self.neg_center_col, self.mask, self.gamma, self.beta, self.dim_eps)
 
 
 class FoldedIrrepAttention(nn.Module):
@@ -201,8 +201,8 @@ class FoldedAPE(PositionalScheme):
         self.in_type = self.out_type = in_type
 
     def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] != self.num_tokens:
-            raise ValueError(f"expected {self.num_tokens} tokens, got {x.shape[1]}")
+        # torch._assert: the model makes the tokens (its input check covers user input); traceable by torch.fx
+        torch._assert(x.shape[1] == self.num_tokens, f"expected {self.num_tokens} tokens")
         return x + self.embedding
 
 
@@ -258,42 +258,3 @@ class FoldedSquareLift(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return lift_square_patches(x, self.weight, self.bias, self.patch_size)
-
-
-class FoldedInvariantHead(nn.Module):
-    """:class:`~eqvit.nn.irrep_blocks.InvariantHead` with the invariants read by two matrices: ``cls @ A`` (the
-    trivial coordinates) and ``sqrt(cls^2 @ S)`` (one norm per irrep copy), and the classifier folded into them,
-    ``logits = cls @ A W_t^T + sqrt(cls^2 @ S) W_n^T + b``: four small ops instead of gathers and a concatenation."""
-
-    def __init__(self, head: nn.Module) -> None:
-        super().__init__()
-        self.in_type = head.in_type
-        self.num_classes, self.num_features = head.num_classes, head.num_features
-        self.register_buffer("trivial_select", frozen(head.trivial_select))
-        self.register_buffer("group_squares", frozen(head.group_squares))
-        fc = head.fc
-        self.fc = FoldedLinear(fc.weight, fc.bias) if isinstance(fc, nn.Linear) else nn.Identity()
-        if isinstance(fc, nn.Linear):
-            n = head.trivial_select.shape[1]
-            self.register_buffer("reads_trivial", frozen(head.trivial_select @ fc.weight[:, :n].T))
-            self.register_buffer("reads_norms", frozen(fc.weight[:, n:].T))
-        self._impl = _folded_logits if isinstance(fc, nn.Linear) else _invariants
-
-    def pre_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens [B, N, dim] -> [B, num_features]``: the class token's invariants."""
-        return _invariants(self, tokens)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens [B, N, dim] -> logits [B, num_classes]`` (the invariants when ``num_classes`` is 0)."""
-        return self._impl(self, tokens)
-
-
-def _invariants(head: FoldedInvariantHead, tokens: torch.Tensor) -> torch.Tensor:
-    cls = tokens[:, 0]
-    return torch.cat([cls @ head.trivial_select, torch.sqrt((cls * cls) @ head.group_squares)], dim=-1)
-
-
-def _folded_logits(head: FoldedInvariantHead, tokens: torch.Tensor) -> torch.Tensor:
-    cls = tokens[:, 0]
-    norms = torch.sqrt((cls * cls) @ head.group_squares)
-    return torch.addmm(torch.addmm(head.fc.bias, cls, head.reads_trivial), norms, head.reads_norms)

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from eqvit.nn.activation import FourierActivation
-from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
 from eqvit.nn.irrep_attention import IrrepAttention
 from eqvit.nn.irrep_features import FeatureType
@@ -163,37 +162,25 @@ def irrep_block(
     )
 
 
-class InvariantHead(ExactBuffers):
-    """Class token -> invariants -> logits (Sec. 4.5, eq. 15).
+class TokenInvariants(nn.Module):
+    """The invariants of every token (Sec. 4.5, eq. 15): ``[..., dim] -> [..., num_features]``.
 
-    ``cls -> cls_trivial (+) (|cls_{rho, c}|)_{rho != trivial, c}``, then dropout and a linear
-    classifier. A restricted model passes its parent's grouping: ``trivial`` coordinates and
-    ``groups`` (coordinate sets whose Euclidean norms are taken).
-
-    :meth:`fold` folds the classifier into two matrices, ``logits = cls @ A + sqrt(cls^2 @ S) @
-    W_norms^T + b`` (``A`` reads the trivial coordinates, ``S`` sums squares per group, both kept here
-    as buffers): four small ops instead of gathers, padding and concatenation.
-
-    The timm classifier interface: :meth:`pre_logits` gives the invariants ``[B, num_features]``
-    (after the dropout), ``fc`` is the classifier and :meth:`reset_classifier` replaces it;
-    ``num_classes = 0`` makes ``fc`` the identity, so the head returns the invariants.
+    ``x -> x_trivial (+) (|x_{rho, c}|)_{rho != trivial, c}``: the trivial coordinates, then the Euclidean
+    norm of every non-trivial irrep copy (invariant: the irrep matrices are orthogonal). A restricted model
+    passes its parent's grouping: ``trivial`` coordinates and ``groups`` (coordinate sets whose norms are
+    taken). The O(2) models' ``forward_features`` returns these for every token; the class token's are what
+    the classifier reads (:class:`ClassTokenHead`).
 
     Args:
-        ftype: token feature type V.
-        num_classes: logits (0: no classifier, the head returns the invariants).
-        drop: dropout before the classifier.
+        ftype: the tokens' feature type V.
+        trivial, groups: the grouping (default: V's trivial coordinates and its non-trivial irrep copies).
     """
 
     def __init__(
-        self,
-        ftype: FeatureType,
-        num_classes: int,
-        drop: float = 0.0,
-        trivial: np.ndarray | None = None,
-        groups: Sequence[np.ndarray] | None = None,
+        self, ftype: FeatureType, trivial: np.ndarray | None = None, groups: Sequence[np.ndarray] | None = None
     ) -> None:
         super().__init__()
-        self.in_type = ftype  # the class token's type; the output is invariant
+        self.in_type = ftype
         if trivial is None:
             trivial = ftype.trivial_index
         if groups is None:
@@ -204,52 +191,68 @@ class InvariantHead(ExactBuffers):
         # One gather for all norms: groups padded to the largest size with a zero coordinate (index dim).
         dim = ftype.dim
         width = max((len(g) for g in self.groups), default=0)
-        self._pad = any(len(g) < width for g in self.groups)
         index = np.full((len(self.groups), width), dim, dtype=np.int64)
         for k, g in enumerate(self.groups):
             index[k, : len(g)] = g
         self.register_buffer("norm_index", torch.from_numpy(index), persistent=False)
-        select = np.zeros((dim, len(self.trivial)))
-        select[self.trivial, np.arange(len(self.trivial))] = 1.0
-        squares = np.zeros((dim, len(self.groups)))
-        for k, g in enumerate(self.groups):
-            squares[g, k] = 1.0
-        self.register_exact_buffer("trivial_select", torch.from_numpy(select))
-        self.register_exact_buffer("group_squares", torch.from_numpy(squares))
-        self.num_invariants = self.num_features = len(trivial) + len(groups)
+        self._pad = any(len(g) < width for g in self.groups)
+        self.num_features = len(self.trivial) + len(self.groups)
+        self._impl = _trivial_and_norms if self.groups else _trivial_only
+
+    def extra_repr(self) -> str:
+        return f"{self.in_type} -> {self.num_features} invariants"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., dim] -> [..., num_features]``: the trivial coordinates, then one norm per group."""
+        return self._impl(self, x)
+
+
+def _trivial_only(m: TokenInvariants, x: torch.Tensor) -> torch.Tensor:
+    return x[..., m.trivial_index]
+
+
+def _trivial_and_norms(m: TokenInvariants, x: torch.Tensor) -> torch.Tensor:
+    padded = torch.cat([x, x.new_zeros(*x.shape[:-1], 1)], dim=-1) if m._pad else x
+    norms = torch.linalg.vector_norm(padded[..., m.norm_index], dim=-1)
+    return torch.cat([x[..., m.trivial_index], norms], dim=-1)
+
+
+class ClassTokenHead(nn.Module):
+    """Classifier on the class token's invariant features: ``[B, N, num_features] -> logits [B, num_classes]``.
+
+    The timm classifier interface: :meth:`pre_logits` gives the class token's features ``[B, num_features]``
+    (after the dropout), ``fc`` is the classifier and :meth:`reset_classifier` replaces it; ``num_classes = 0``
+    makes ``fc`` the identity, so the head returns the features.
+
+    Args:
+        num_features: width of the features (:attr:`TokenInvariants.num_features`).
+        num_classes: logits (0: no classifier).
+        drop: dropout before the classifier.
+    """
+
+    def __init__(self, num_features: int, num_classes: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.num_features = num_features
         self.drop = nn.Dropout(drop)
+        # Follows the model's device and dtype, so that a classifier made by reset_classifier after
+        # reset_classifier(0) (no parameter left here) is placed as the rest of the model.
+        self.register_buffer("placement", torch.empty(0), persistent=False)
         self.reset_classifier(num_classes)
 
     def reset_classifier(self, num_classes: int) -> None:
-        """A fresh classifier ``fc`` of ``num_classes`` logits on the invariants; 0 makes it the identity."""
+        """A fresh classifier ``fc`` of ``num_classes`` logits; 0 makes it the identity."""
         self.num_classes = check_num_classes(num_classes)
-        like = self.group_squares
+        like = self.placement
         self.fc = (
-            vit_linear(self.num_invariants, num_classes, device=like.device, dtype=like.dtype)
+            vit_linear(self.num_features, num_classes, device=like.device, dtype=like.dtype)
             if num_classes
             else nn.Identity()
         )
 
-    def invariants(self, cls: torch.Tensor) -> torch.Tensor:
-        """``[..., dim] -> [..., num_invariants]``: the trivial coordinates, then one norm per group."""
-        buffers = self._buffers
-        trivial = cls[..., buffers["trivial_index"]]
-        if not len(self.groups):
-            return trivial
-        padded = torch.cat([cls, cls.new_zeros(*cls.shape[:-1], 1)], dim=-1) if self._pad else cls
-        norms = torch.linalg.vector_norm(padded[..., buffers["norm_index"]], dim=-1)
-        return torch.cat([trivial, norms], dim=-1)
+    def pre_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """``features [B, N, num_features] -> [B, num_features]``: the class token's, after the dropout."""
+        return self.drop(features[:, 0])
 
-    def pre_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens [B, N, dim] -> [B, num_features]``: the class token's invariants, after the dropout."""
-        return self.drop(self.invariants(tokens[:, 0]))
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens [B, N, dim] -> logits [B, num_classes]`` (the invariants when ``num_classes`` is 0)."""
-        return self.fc(self.pre_logits(tokens))
-
-    def fold(self) -> nn.Module:
-        """The inference form: the invariants read by two matrices and the classifier folded into them."""
-        from eqvit.nn.folded import FoldedInvariantHead
-
-        return FoldedInvariantHead(self)
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``features [B, N, num_features] -> logits [B, num_classes]`` (the features when ``num_classes`` is 0)."""
+        return self.fc(self.pre_logits(features))

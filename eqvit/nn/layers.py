@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -15,6 +17,24 @@ def check_num_classes(num_classes: int) -> int:
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
         raise ValueError(f"expected num_classes to be a non-negative integer (0: no classifier), got {num_classes!r}")
     return num_classes
+
+
+class InputCheck(nn.Module):
+    """``x -> x``, or a ValueError naming the expected layout and dtype (``domain.check``: ``[B, C, *grid]``
+    of the model's floating dtype) and what came. Point-cloud domains take ``(pos, feat)`` and return None.
+
+    The dtype it expects follows the model's casts through an empty buffer. A leaf for ``torch.fx``:
+    its shape checks are Python control flow, which a symbolic trace cannot follow.
+    """
+
+    def __init__(self, domain: Any, in_chans: int) -> None:
+        super().__init__()
+        self.domain, self.in_chans = domain, in_chans
+        self.register_buffer("dtype_probe", torch.empty(0), persistent=False)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | None:
+        self.domain.check(inputs[0] if len(inputs) == 1 else inputs, self.in_chans, self.dtype_probe.dtype)
+        return inputs[0] if len(inputs) == 1 else None
 
 
 class Mlp(nn.Module):
@@ -36,7 +56,7 @@ class Mlp(nn.Module):
 
 
 class DropPath(nn.Module):
-    """Stochastic depth per sample (identity at eval time)."""
+    """Stochastic depth per sample on tokens ``[B, N, C]`` (identity at eval time)."""
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
@@ -45,7 +65,7 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        keep = torch.empty(x.shape[0], *([1] * (x.ndim - 1)), device=x.device, dtype=x.dtype).bernoulli_(1 - self.p)
+        keep = x.new_empty(x.shape[0], 1, 1).bernoulli_(1 - self.p)  # one draw per sample
         return x * keep / (1 - self.p)
 
 

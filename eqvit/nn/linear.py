@@ -39,9 +39,10 @@ class IrrepLinear(ExactBuffers):
         in_type, out_type: feature types of the same group.
         bias: learn a bias on the trivial irrep of ``out_type``.
 
-    Parameters: ``weights[n]`` of shape ``[dim End(V_rho), C''_rho, C'_rho]`` for every irrep present
-    in both types, ``bias [C''_trivial]``. The dense ``[out.dim, in.dim]`` matrix is
-    :meth:`weight_matrix` (one gather per call); ``forward`` is one
+    Parameters: ``weight``, one flat vector holding a ``[dim End(V_rho), C''_rho, C'_rho]`` block for every
+    irrep present in both types (:meth:`weight_blocks`, views of it; e3nn's ``o3.Linear`` keeps its paths'
+    weights the same way), and ``bias [C''_trivial]``. The dense ``[out.dim, in.dim]`` matrix is
+    :meth:`weight_matrix` (one gather per call); ``forward`` is block matmuls (``components`` layouts) or one
     ``F.linear``.
     """
 
@@ -50,7 +51,7 @@ class IrrepLinear(ExactBuffers):
         if in_type.group is not out_type.group:
             raise ValueError(f"in and out types must share a group, got {in_type.group.name} and {out_type.group.name}")
         self.in_type, self.out_type = in_type, out_type
-        self.weights = nn.ParameterList()
+        self._block_shapes: list[tuple[int, int, int]] = []  # [dim End(V_rho), C'', C'] per parameter block
         self._blocks: list[tuple[int, slice, slice, int, int, int]] = []
         in_blocks = {i: (c, sl) for i, _, c, sl in in_type.blocks()}
         self._coords = []  # (out coords [C'', d], in coords [C', d]) per parameter block
@@ -63,14 +64,17 @@ class IrrepLinear(ExactBuffers):
             # Basis of End_G(V_rho): identity first, then J (complex) ...; scaled to L_1 = I.
             basis = rho.endomorphism_basis * math.sqrt(rho.dim)
             self.register_exact_buffer(f"endo_{len(self._blocks)}", torch.from_numpy(basis))
-            w = nn.Parameter(torch.empty(len(basis), c_out, c_in))
-            bound = 1.0 / math.sqrt(c_in * len(basis))
-            nn.init.uniform_(w, -bound, bound)
-            self.weights.append(w)
+            self._block_shapes.append((len(basis), c_out, c_in))
             self._blocks.append((len(self._blocks), out_sl, in_sl, c_out, c_in, rho.dim))
             self._coords.append((out_type.block_coords(i), in_type.block_coords(i)))
             self._block_irreps.append(i)
             endo.append(basis)
+        self._block_sizes = [k * o * i for k, o, i in self._block_shapes]
+        self.weight = nn.Parameter(torch.empty(sum(self._block_sizes)))
+        with torch.no_grad():
+            for w in self.weight_blocks():
+                bound = 1.0 / math.sqrt(w.shape[2] * w.shape[0])
+                nn.init.uniform_(w, -bound, bound)
         # Schur layers assemble their (rarely needed) dense matrix block by block: a gather table of
         # ``out.dim x in.dim`` entries per layer would take gigabytes at ViT-B widths.
         self.schur = in_type.layout == out_type.layout == "components"
@@ -120,17 +124,23 @@ class IrrepLinear(ExactBuffers):
     def extra_repr(self) -> str:
         return f"{self.in_type} -> {self.out_type}, bias={self.bias is not None}, schur={self.schur}"
 
+    def weight_blocks(self) -> list[torch.Tensor]:
+        """The irrep blocks of :attr:`weight`, views ``[dim End(V_rho), C''_rho, C'_rho]`` in parameter-block order."""
+        weight = self._parameters["weight"]
+        chunks = weight.split(self._block_sizes) if len(self._block_sizes) > 1 else (weight,)
+        return [chunk.view(shape) for chunk, shape in zip(chunks, self._block_shapes)]
+
     def schur_mats(self) -> list[torch.Tensor | None]:
         """The matrix of every output slab of :attr:`plan` (``components`` layouts): ``w`` ``[C'', C']``
         for a real-type component, ``sum_k L_k (x) w_k`` ``[d C'', d C']`` otherwise, None for zeros."""
-        weights = self._modules["weights"]._parameters
+        weights = self.weight_blocks()
         mats, cache = [], {}
         for n in self._term_blocks:
             if n < 0:
                 mats.append(None)
                 continue
             if n not in cache:
-                w, sign = weights[str(n)], self._block_signs[n]
+                w, sign = weights[n], self._block_signs[n]
                 if sign:  # real type: L = +-I
                     cache[n] = w[0] if sign > 0 else -w[0]
                 else:
@@ -157,12 +167,9 @@ class IrrepLinear(ExactBuffers):
 
     def _gathered_weight(self) -> torch.Tensor:
         coef = self._gather_coef
-        if not len(self.weights):
+        if not self._block_shapes:
             return coef.new_zeros(self.out_type.dim, self.in_type.dim)
-        theta = (
-            torch.cat([w.reshape(-1) for w in self.weights]) if len(self.weights) > 1 else self.weights[0].reshape(-1)
-        )
-        W = theta[self._gather_index] * coef
+        W = self._parameters["weight"][self._gather_index] * coef
         return W[0] if len(W) == 1 else W.sum(0)
 
     def _dense_bias(self) -> torch.Tensor | None:
@@ -174,10 +181,6 @@ class IrrepLinear(ExactBuffers):
         """``(weight [out.dim, in.dim], bias [out.dim] or None)`` (computed on every call; eqvit.fuse fixes them)."""
         return self._dense_weight(), self._dense_bias()
 
-    def leaves(self) -> list[torch.Tensor | None]:
-        """The parameters, read afresh (plain dict lookups: this runs on every forward)."""
-        return [*self._modules["weights"]._parameters.values(), self._parameters["bias"]]
-
     def weight_matrix(self) -> torch.Tensor:
         """Dense ``[out.dim, in.dim]`` matrix of the linear part."""
         return self.dense()[0]
@@ -188,10 +191,7 @@ class IrrepLinear(ExactBuffers):
 
     def weight_matrix_reference(self) -> torch.Tensor:
         """Dense matrix assembled block by block with ``einsum`` (reference for the gather)."""
-        ref = self.weights[0] if len(self.weights) else None
-        dtype = ref.dtype if ref is not None else torch.get_default_dtype()
-        device = ref.device if ref is not None else None
-        W = torch.zeros(self.out_type.dim, self.in_type.dim, dtype=dtype, device=device)
+        W = self.weight.new_zeros(self.out_type.dim, self.in_type.dim)
         for n, out_sl, in_sl, *_ in self._blocks:
             W[out_sl, in_sl] = self.block_weight(n)
         return W
@@ -200,7 +200,7 @@ class IrrepLinear(ExactBuffers):
         """``[C''_rho d, C'_rho d]`` matrix ``sum_k w_k (x) L_k`` of the n-th irrep block, rows and columns
         in the types' storage order inside the block (their layouts)."""
         _, out_sl, in_sl, c_out, c_in, d = self._blocks[n]
-        dense = torch.einsum("koi,kde->odie", self.weights[n], getattr(self, f"endo_{n}"))
+        dense = torch.einsum("koi,kde->odie", self.weight_blocks()[n], getattr(self, f"endo_{n}"))
         oc, ic = self._coords[n]
         rows = torch.from_numpy(np.argsort((oc - out_sl.start).reshape(-1)))  # storage position -> (o, a)
         cols = torch.from_numpy(np.argsort((ic - in_sl.start).reshape(-1)))
@@ -244,13 +244,14 @@ class IrrepLinear(ExactBuffers):
         """
         W = torch.as_tensor(np.asarray(W, dtype=np.float64))
         recon = torch.zeros_like(W)
+        blocks = self.weight_blocks()
         for (n, _, _, _, _, _), (oc, ic) in zip(self._blocks, self._coords):
             L = self._exact_masters[f"endo_{n}"]
             rows, cols = torch.from_numpy(oc)[:, :, None, None], torch.from_numpy(ic)[None, None, :, :]
             block = W[rows, cols]  # [C'', d, C', d]
             # The L_k are orthogonal with |L_k|_F^2 = d.
             w = torch.einsum("odie,kde->koi", block, L) / L.shape[-1]
-            self.weights[n].copy_(w.to(self.weights[n].dtype))
+            blocks[n].copy_(w.to(blocks[n].dtype))
             recon[rows, cols] = torch.einsum("koi,kde->odie", w, L)
         err = (recon - W).abs().max().item() if W.numel() else 0.0
         if err > atol * max(1.0, W.abs().max().item() if W.numel() else 1.0):

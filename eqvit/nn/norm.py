@@ -7,8 +7,8 @@ whole token (all representation matrices are orthogonal), ``gamma`` is one scala
 
 The forward pass is six ops: ``x @ (-mask / n)`` (a GEMV giving minus the centre mean as
 ``[..., 1]``; faster than a sum over a slice of the last axis), one ``addcmul`` for the centring,
-then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / hypot(|z|, sqrt(dim eps))`` as ``vector_norm`` +
-``hypot``, and ``div`` + ``addcmul(beta, z / den, gamma')`` with ``gamma' = sqrt(dim) gamma``.
+then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / sqrt(|z|^2 + dim eps)`` as ``vecdot`` + ``add`` + ``sqrt``
+on one number per token, and ``div`` + ``addcmul(beta, z / den, gamma')`` with ``gamma' = sqrt(dim) gamma``.
 ``F.layer_norm`` cannot do it in one op on irrep-wise features: it subtracts the mean over all
 channels, and the centred token ``z`` has no zero mean in general.
 """
@@ -32,13 +32,17 @@ def irrep_layer_norm(
     mask: torch.Tensor,
     gamma: torch.Tensor,
     beta: torch.Tensor,
-    root: torch.Tensor,
+    dim_eps: torch.Tensor,
 ) -> torch.Tensor:
-    """The six ops of :class:`IrrepLayerNorm` on ``x [..., dim]``, given its per-coordinate
-    ``gamma' = sqrt(dim) gamma``, ``beta``, centre ``mask``, ``-mask / n`` column and ``sqrt(dim eps)``."""
+    """The ops of :class:`IrrepLayerNorm` on ``x [..., dim]``, given its per-coordinate
+    ``gamma' = sqrt(dim) gamma``, ``beta``, centre ``mask``, ``-mask / n`` column and ``dim eps``."""
     z = torch.addcmul(x, x @ neg_center_col, mask)
-    den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
-    return torch.addcmul(beta, z / den, gamma)
+    return torch.addcmul(beta, z / _scale(z, dim_eps), gamma)
+
+
+def _scale(z: torch.Tensor, dim_eps: torch.Tensor) -> torch.Tensor:
+    """``sqrt(|z|^2 + dim eps)`` per token, ``[..., 1]`` (plain ops: they export to ONNX, unlike ``hypot``)."""
+    return torch.sqrt(torch.linalg.vecdot(z, z).unsqueeze(-1) + dim_eps)
 
 
 class _IrrepLayerNorm(torch.autograd.Function):
@@ -47,9 +51,9 @@ class _IrrepLayerNorm(torch.autograd.Function):
     place on its own temporaries (fewer passes over the tokens than autograd's)."""
 
     @staticmethod
-    def forward(ctx, x, neg_center_col, mask, gamma, beta, root):
+    def forward(ctx, x, neg_center_col, mask, gamma, beta, dim_eps):
         z = torch.addcmul(x, x @ neg_center_col, mask)
-        den = torch.hypot(torch.linalg.vector_norm(z, dim=-1, keepdim=True), root)
+        den = _scale(z, dim_eps)
         unit = z.div_(den)
         ctx.save_for_backward(unit, den, neg_center_col, mask, gamma)
         return torch.addcmul(beta, unit, gamma)
@@ -113,18 +117,18 @@ class IrrepLayerNorm(ExactBuffers):
         return self.weight[self.copy_index], beta, self.center_mask
 
     def _scaled_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`affine` with ``gamma * sqrt(dim)`` and the 0-d tensor ``sqrt(dim eps)``:
-        ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / hypot(|z|, sqrt(dim eps))``."""
+        """:meth:`affine` with ``gamma * sqrt(dim)`` and the 0-d tensor ``dim eps``:
+        ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / sqrt(|z|^2 + dim eps)``."""
         gamma, beta, mask = self.affine()
-        root = beta.new_tensor(math.sqrt(self.ftype.dim * self.eps))
-        return gamma * math.sqrt(self.ftype.dim), beta, mask, root
+        dim_eps = beta.new_tensor(self.ftype.dim * self.eps)
+        return gamma * math.sqrt(self.ftype.dim), beta, mask, dim_eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gamma, beta, mask, root = self._scaled_affine()
+        gamma, beta, mask, dim_eps = self._scaled_affine()
         # Its own backward: autograd would keep the centred token twice over (z, gamma z).
         if not torch.is_grad_enabled():
-            return irrep_layer_norm(x, self._buffers["neg_center_col"], mask, gamma, beta, root)
-        return _IrrepLayerNorm.apply(x, self._buffers["neg_center_col"], mask, gamma, beta, root)
+            return irrep_layer_norm(x, self._buffers["neg_center_col"], mask, gamma, beta, dim_eps)
+        return _IrrepLayerNorm.apply(x, self._buffers["neg_center_col"], mask, gamma, beta, dim_eps)
 
     def fold(self) -> nn.Module:
         """The inference form: the per-coordinate affine fixed."""

@@ -395,7 +395,8 @@ class InvariantPoolHead(nn.Module):
         self.in_type = FeatureType.frames(group, channels) if basis == "frames" else self.to_frames.in_type
         self.pool = FramePool(group.order, pool)  # validates ``pool``
         hidden = hidden or group.order * channels
-        self.lift = GroupConvLinear(group, channels, hidden, impl="cayley")
+        # one pooled token per sample: the windows form (the input gathered, not the dense weight)
+        self.lift = GroupConvLinear(group, channels, hidden, impl="windows")
         # Fan-in init: the input is LayerNorm-ed, so pre-activations are O(1) and the GELU is nonlinear.
         nn.init.normal_(self.lift.weight, std=(group.order * channels) ** -0.5)
         self.act = nn.GELU() if pool == "mean" else nn.Identity()

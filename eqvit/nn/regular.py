@@ -37,7 +37,7 @@ from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.schur import SlabPlan, apply_slabs, slab_plan
 
-IMPLEMENTATIONS = ("auto", "cayley", "fourier")
+IMPLEMENTATIONS = ("auto", "cayley", "fourier", "windows")
 BASES = ("frames", "fourier")
 # impl="auto" takes the Fourier form below this multiply-add ratio. Measured (T, O, I at 1024 tokens,
 # benchmarks/platonic_speed.py): below ~0.21 the Fourier form always won in inference; at 0.24
@@ -221,7 +221,10 @@ class GroupConvLinear(ExactBuffers):
         group: the frames G.
         in_channels, out_channels: C_in, C_out per frame.
         bias: a bias ``[C_out]`` shared by all frames.
-        impl: ``"auto"``, ``"cayley"`` or ``"fourier"`` (frame basis only).
+        impl: ``"auto"`` (the Fourier form where it costs less, else the Cayley form), ``"cayley"`` (the dense
+            matrix gathered from the kernel), ``"fourier"`` or ``"windows"`` (the input gathered instead of the
+            weight: for layers that see few rows, e.g. a classifier's pooled token; :meth:`forward_windows`);
+            frame basis only.
         basis: ``"frames"`` or ``"fourier"``: the basis of the input and output features.
 
     Shapes: ``[..., |G| * C_in] -> [..., |G| * C_out]``.
@@ -267,7 +270,7 @@ class GroupConvLinear(ExactBuffers):
         if impl == "auto":
             impl = "fourier" if self.fourier_cost() < FOURIER_COST_RATIO * self.cayley_cost() else "cayley"
         self.impl = impl
-        self._impl = _fourier_conv_forward if impl == "fourier" else _cayley_forward
+        self._impl = {"fourier": _fourier_conv_forward, "windows": _windows_forward}.get(impl, _cayley_forward)
 
     def _init_fourier_basis(self, group: FiniteGroup) -> None:
         """The Schur plan on Fourier coefficients and the per-irrep coefficients ``K [|G|, p, p]``."""
@@ -388,10 +391,12 @@ class GroupConvLinear(ExactBuffers):
 
 
 def _cayley_forward(m: GroupConvLinear, x: torch.Tensor) -> torch.Tensor:
-    if 2 * (x.numel() // x.shape[-1]) < m.out_channels:
-        return m.forward_windows(x)
     weight, bias = m.gather_dense()
     return F.linear(x, weight, bias)
+
+
+def _windows_forward(m: GroupConvLinear, x: torch.Tensor) -> torch.Tensor:
+    return m.forward_windows(x)
 
 
 def _fourier_conv_forward(m: GroupConvLinear, x: torch.Tensor) -> torch.Tensor:

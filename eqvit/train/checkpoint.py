@@ -274,25 +274,13 @@ def model_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in tensors.items() if not k.startswith(("optim.", "rng."))}
 
 
-def upgrade_legacy_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Let each module of ``model`` that versions its state (an ``upgrade_state_dict_(state, prefix)``
-    method, e.g. :class:`~eqvit.nn.posenc.invariant.InvariantAPE`) bring ``state`` to its current format,
-    in place: an older checkpoint then has the keys the model expects (``load_state_dict`` does the same
-    through the modules' ``_load_from_state_dict``; a state upgraded here is left as it is there)."""
-    for name, module in model.named_modules():
-        upgrade = getattr(module, "upgrade_state_dict_", None)
-        if callable(upgrade):
-            upgrade(state, f"{name}." if name else "")
-
-
 def load_model_state(model: nn.Module, tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Load the ``model.*`` tensors into ``model`` (strict), with a readable error.
 
     Names the tensors whose shapes differ (a model of another width), and the missing and
-    unexpected ones (another architecture). An older state is upgraded first (:func:`upgrade_legacy_state`).
+    unexpected ones (another architecture).
     """
     state = model_state(tensors)
-    upgrade_legacy_state(model, state)
     own = model.state_dict()
     differ = [(k, list(v.shape), list(own[k].shape)) for k, v in state.items() if k in own and own[k].shape != v.shape]
     missing = sorted(k for k in own if k not in state)
@@ -392,7 +380,10 @@ def export_weights(checkpoint: str | Path, out: str | Path) -> tuple[Path, dict[
         raise CheckpointError(f"checkpoint {checkpoint} holds no model weights")
     out = Path(out)
     if out.suffix != ".safetensors":
-        raise ValueError(f"expected an output path ending in .safetensors, got {out}")
+        raise ValueError(
+            f"expected an output path ending in .safetensors (the state dict) or .onnx (the model for onnxruntime), "
+            f"got {out}"
+        )
     check_output_file(out, "the export target")
     model = (sidecar.get("config") or {}).get("model") or {}
     metadata = {

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from eqvit.geometry.noisy_points import NoisyPointCloudDomain
 from eqvit.train.config import DataConfig, DiffusionConfig
+from eqvit.train.regression import QM9NotInstalledError, same_count_batches
 
 DEFAULT_EVAL_SUBSET = 1000
 
@@ -50,21 +52,16 @@ class QM9GenerationTask:
     def __init__(self, cfg: DataConfig, model: nn.Module, device: torch.device) -> None:
         from eqvit.data.qm9 import ELEMENTS, qm9_splits
         from eqvit.data.qm9_generation import ROTATIONS, AtomCounts
-        from eqvit.train.regression import QM9NotInstalledError, same_count_batches
 
         self.cfg, self.device = cfg, torch.device(device)
         self.diffusion_cfg = cfg.diffusion
         in_chans = getattr(model, "in_chans", None)
         domain = getattr(model, "domain", None)
-        if in_chans != len(ELEMENTS) or getattr(domain, "dim", None) != 3 or not hasattr(domain, "describe_input"):
+        if not isinstance(domain, NoisyPointCloudDomain) or in_chans != len(ELEMENTS) or domain.dim != 3:
+            takes = domain.describe_input(in_chans) if hasattr(domain, "describe_input") else "no declared input"
             raise ValueError(
                 f"data.name 'qm9_generation' needs a denoiser called as model(pos [B, N, 3], feat [B, N, "
-                f"{len(ELEMENTS)}], t [B]) (dip_qm9_*), got one with in_chans {in_chans}"
-            )
-        if "t [B]" not in domain.describe_input(in_chans):
-            raise ValueError(
-                f"data.name 'qm9_generation' needs a denoiser that takes the diffusion time, model(pos, feat, t) "
-                f"(dip_qm9_*); this model takes {domain.describe_input(in_chans)}"
+                f"{len(ELEMENTS)}], t [B]) (dip_qm9_*); this model takes {takes}"
             )
         if cfg.train_rotate not in ROTATIONS:
             raise ValueError(f"data.train_rotate: expected one of {', '.join(ROTATIONS)}, got {cfg.train_rotate!r}")
@@ -82,7 +79,6 @@ class QM9GenerationTask:
         self.splits = {"train": train, "val": val, "test": splits["test"]}
         self.counts = AtomCounts(train.num_atoms)
         self.diffusion = make_diffusion(self.diffusion_cfg)
-        self._same_count_batches = same_count_batches
         self.steps_per_epoch = len(same_count_batches(train.num_atoms, cfg.batch_size, None))
         self.position = 0
         self._order: tuple[int, list[np.ndarray]] | None = None
@@ -103,7 +99,7 @@ class QM9GenerationTask:
     def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
         if self._order is None or self._order[0] != epoch:
             rng = np.random.default_rng([self.cfg.seed, epoch])
-            batches = self._same_count_batches(self.splits["train"].num_atoms, self.cfg.batch_size, rng)
+            batches = same_count_batches(self.splits["train"].num_atoms, self.cfg.batch_size, rng)
             self._order = (epoch, batches)
         return self._order[1]
 
@@ -133,7 +129,7 @@ class QM9GenerationTask:
         """The validation batches with their times and noise drawn once (seeded), so evaluations compare."""
         generator = torch.Generator().manual_seed(10_000 + self.cfg.seed)
         batches = []
-        for rows in self._same_count_batches(self.splits["val"].num_atoms, self.cfg.val_batch_size, None):
+        for rows in same_count_batches(self.splits["val"].num_atoms, self.cfg.val_batch_size, None):
             state = self.state("val", rows)
             t = torch.rand(len(rows), generator=generator).to(self.device)
             noise = self.diffusion.noise_like(torch.empty(state.shape), generator).to(self.device)

@@ -118,7 +118,8 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
         self.learnable = learnable
         self.fixed_positions = positions is not None
         if positions is not None:
-            positions = torch.as_tensor(np.asarray(positions), dtype=torch.float64)
+            # on the CPU whatever the ambient device (a meta-device build): exact float64 geometry
+            positions = torch.as_tensor(np.asarray(positions), dtype=torch.float64, device="cpu")
             self._check_positions(positions)
             self.register_exact_buffer("positions", positions)
             if not learnable:  # everything is fixed: precompute the rotations once, (cos, sin) pairs

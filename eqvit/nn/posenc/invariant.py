@@ -6,14 +6,11 @@ combination of it (``eqvit.fuse`` fixes ``p``).
 
 The basis is canonical (:func:`invariant_basis`): built from the orbits of the points and the fixed
 spaces of their stabilisers by a hand-written Gram-Schmidt, so the learned coefficients mean the same
-encoding under every numpy/LAPACK build. State dicts written before it (no ``basis_version``) hold
-coefficients in the eigenbasis of :func:`legacy_invariant_basis`; :class:`InvariantAPE` converts them
-on load.
+encoding under every numpy/LAPACK build.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -24,10 +21,6 @@ from eqvit.geometry.points import permutations_for
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.posenc.base import PositionalScheme
-
-# What the coefficients ``pos_embed`` are coordinates in: 1 (a state dict without ``basis_version``) the
-# eigh basis of legacy_invariant_basis, 2 the canonical invariant_basis.
-BASIS_VERSION = 2
 
 
 def _check_action(perms: np.ndarray, matrices: np.ndarray) -> None:
@@ -107,7 +100,8 @@ def invariant_basis(perms: np.ndarray, matrices: np.ndarray, tol: float = 1e-9) 
     (the same for every such ``g``, as ``p(a0)`` is ``H``-fixed). Each vector of
     :func:`fixed_space_basis` spread over its orbit and normalised is one basis vector; orbits by
     representative, then the fixed-space vectors in order. No eigen- or QR decomposition is involved, so
-    the basis does not depend on the LAPACK build (unlike :func:`legacy_invariant_basis`).
+    the basis does not depend on the LAPACK build (an eigendecomposition of the group-averaged projector
+    would: its eigenspace is degenerate, so the basis it returns is the build's choice).
 
     Args:
         perms: ``[order, M]`` with ``points[perms[g, a]] = g points[a]``.
@@ -128,34 +122,11 @@ def invariant_basis(perms: np.ndarray, matrices: np.ndarray, tol: float = 1e-9) 
     return np.array(basis, dtype=np.float64).reshape(len(basis), M, d)
 
 
-def legacy_invariant_basis(perms: np.ndarray, matrices: np.ndarray) -> np.ndarray:
-    """The basis ``[n, M, d]`` of the same space that eqvit used before :data:`BASIS_VERSION` 2.
-
-    The eigenvectors (eigenvalue 1) of the group-averaged projector by ``np.linalg.eigh``. The eigenspace
-    is degenerate, so which basis comes out depends on the numpy/LAPACK build: kept only to read
-    coefficients written against it (:meth:`InvariantAPE.upgrade_state_dict_`).
-    """
-    order, M = perms.shape
-    d = matrices.shape[1]
-    # Group average of (g . p)(perm[g, a]) = rho(g) p(a): a projector onto the invariants.
-    proj = np.zeros((M, d, M, d))
-    a = np.arange(M)
-    for g in range(order):
-        proj[perms[g][:, None], :, a[:, None], :] += matrices[g][None] / order
-    proj = proj.reshape(M * d, M * d)
-    proj = (proj + proj.T) / 2
-    w, v = np.linalg.eigh(proj)
-    basis = v[:, w > 0.5].T
-    return basis.reshape(-1, M, d)
-
-
 class InvariantAPE(PositionalScheme, ExactBuffers):
     """``x [B, M, V.dim] -> x + p`` with ``p`` G-invariant on the patch centres.
 
     ``pos_embed.{k}`` ``[C, n]`` are the coordinates of the ``C`` channels of one irrep in its canonical
-    basis (:func:`invariant_basis`); the persistent buffer ``basis_version`` (:data:`BASIS_VERSION`) says
-    so in the state dict. A state dict without it predates the canonical basis: its coefficients are
-    converted on load from :func:`legacy_invariant_basis` recomputed here (:meth:`upgrade_state_dict_`).
+    basis (:func:`invariant_basis`).
 
     Args:
         group: G.
@@ -163,7 +134,7 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
         ftype: token feature type.
         std: init std of the coefficients.
         basis: per irrep (in ``ftype.blocks()`` order) an explicit ``[n, M, d]`` orthonormal basis; the
-            coefficients are coordinates in it, and a state dict without ``basis_version`` is read as it is.
+            coefficients are coordinates in it.
     """
 
     def __init__(self, group, centers: np.ndarray, ftype: FeatureType, std: float = 0.02, basis=None) -> None:
@@ -173,7 +144,6 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
         self.centers = np.array(centers, dtype=np.float64)  # kept for restriction to a subgroup
         self.num_tokens = len(centers)
         perms = permutations_for(np.asarray(centers, dtype=np.float64), group.elements) if basis is None else None
-        self._perms = perms  # to recompute the legacy basis for a state dict that predates the canonical one
         self.pos_embed = nn.ParameterList()
         self._used: list[tuple[int, int, int]] = []  # (block, parameter, width) for blocks with invariants
         self._widths = []
@@ -185,58 +155,6 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
             self.register_exact_buffer(f"basis_{n}", torch.from_numpy(np.ascontiguousarray(B)))
             self._used.append((n, len(self.pos_embed), c * rho.dim))
             self.pos_embed.append(nn.Parameter(torch.randn(c, len(B)) * std))
-        self.register_buffer("basis_version", torch.tensor(BASIS_VERSION, dtype=torch.int64))
-
-    def upgrade_state_dict_(self, state: dict[str, torch.Tensor], prefix: str = "") -> None:
-        """Bring a state dict written before the canonical basis (no ``{prefix}basis_version``) to it, in place.
-
-        Each ``pos_embed.{k}`` of the right shape is mapped from the legacy eigh basis to the canonical
-        one (``coeff_new = coeff_old B_old B_new^T``, flattened bases); missing or misshapen ones are left
-        for ``load_state_dict`` to report. The conversion is exact only when this numpy/LAPACK build's
-        ``eigh`` returns the basis that the build which wrote the checkpoint returned (the legacy basis is
-        a build-dependent choice in a degenerate eigenspace): a warning says so. With an explicit
-        ``basis`` the coefficients were always coordinates in it, and nothing is converted.
-        """
-        version_key = prefix + "basis_version"
-        if version_key in state:
-            return
-        converted = []
-        if self._perms is not None:
-            blocks = self.ftype.blocks()
-            for n, k, _ in self._used:
-                key = f"{prefix}pos_embed.{k}"
-                coeff = state.get(key)
-                if coeff is None or tuple(coeff.shape) != tuple(self.pos_embed[k].shape):
-                    continue
-                state[key] = self._from_legacy_basis(coeff, n, blocks[n][1].matrices)
-                converted.append(f"pos_embed.{k}")
-        state[version_key] = torch.tensor(BASIS_VERSION, dtype=torch.int64)
-        if converted:
-            warnings.warn(
-                f"{prefix.rstrip('.') or 'InvariantAPE'}: no basis_version in the state dict, so "
-                f"{', '.join(converted)} were read as "
-                "coordinates in eqvit's legacy eigh basis of the invariant APE and converted to the canonical "
-                "basis; exact only if this numpy/LAPACK build's eigh gives the basis of the build that wrote "
-                "them (compare the model's outputs)",
-                stacklevel=2,
-            )
-
-    def _from_legacy_basis(self, coeff: torch.Tensor, n: int, matrices: np.ndarray) -> torch.Tensor:
-        """``[C, n]`` coordinates in the legacy basis of block ``n`` -> the same encoding's in the canonical one."""
-        old = torch.from_numpy(legacy_invariant_basis(self._perms, matrices)).flatten(1)  # [n, M d]
-        new = self._exact_masters[f"basis_{n}"].flatten(1)
-        change = (old @ new.T).to(coeff.device)  # orthogonal [n, n]: both span the invariants
-        return (coeff.to(torch.float64) @ change).to(coeff.dtype)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
-        self.upgrade_state_dict_(state_dict, prefix)
-        version = state_dict[prefix + "basis_version"]
-        if version.numel() == 1 and int(version) != BASIS_VERSION:
-            errors.append(
-                f"{prefix}basis_version is {int(version)} in the state dict; this eqvit reads invariant APE "
-                f"coefficients in basis version {BASIS_VERSION} (or in the legacy basis, without the key)"
-            )
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
     def embedding(self) -> torch.Tensor:
         """``[M, V.dim]`` the encoding p."""
@@ -280,8 +198,8 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
             raise ValueError(f"the encoding is not invariant for {self.ftype.group.name}: residual {err:.3e}")
 
     def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] != self.num_tokens:
-            raise ValueError(f"expected {self.num_tokens} tokens, got {x.shape[1]}")
+        # torch._assert: the model makes the tokens (its input check covers user input); traceable by torch.fx
+        torch._assert(x.shape[1] == self.num_tokens, f"expected {self.num_tokens} tokens")
         return x + self.embedding()
 
     def fold(self) -> nn.Module:

@@ -17,8 +17,8 @@ class LearnedAPE(PositionalScheme):
         self.pos_embed = nn.Parameter(torch.randn(1, num_tokens, dim) * std)
 
     def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] != self.pos_embed.shape[1]:
-            raise ValueError(f"expected {self.pos_embed.shape[1]} tokens, got {x.shape[1]}")
+        # torch._assert: the model makes the tokens (its input check covers user input); traceable by torch.fx
+        torch._assert(x.shape[1] == self.pos_embed.shape[1], f"expected {self.pos_embed.shape[1]} tokens")
         return x + self.pos_embed
 
 
@@ -81,8 +81,8 @@ class OrbitAPE(PositionalScheme):
         return self.pos_embed[self.orbit]
 
     def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] != self.num_tokens:
-            raise ValueError(f"expected {self.num_tokens} tokens, got {x.shape[1]}")
+        # torch._assert: the model makes the tokens (its input check covers user input); traceable by torch.fx
+        torch._assert(x.shape[1] == self.num_tokens, f"expected {self.num_tokens} tokens")
         return x + self.embedding()
 
     def fold(self) -> nn.Module:

@@ -107,7 +107,7 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
     def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         """In place on ``qk [B, N, 2, H, D]`` (q then k; typically a view into attention's qkv output).
 
-        Per sample one batched matmul over tokens, ``[N, 2 H, k - 1] @ pi_t_moving [N, k - 1, k - 1]``,
+        One matmul over tokens broadcast over the batch, ``[B, N, 2 H, k - 1] @ pi_t_moving [N, k - 1, k - 1]``,
         read from and written back to a strided view of channels 1..k-1 of every query and key head:
         no stack, cat or transpose copies; channel 0 (order 0, invariant) and the channels past k are
         never touched. Returns ``qk``.
@@ -126,10 +126,9 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
         """In place on the rows (query and key heads) of the posed tokens, ``rows [B, N, 2 H, D]``."""
         # At L = 0 (pi = D^0 = 1) the channel slice is empty and so is the matmul: nothing moves.
         moving = rows[..., 1 : self.rotated_dim]
-        pi_t = self.pi_t_moving.to(rows.dtype)
-        # One matmul per sample: a single one over (b, n) would need pi_t repeated B times.
-        for b in range(rows.shape[0]):  # moving[b], not unbind: autograd forbids in-place writes to unbind's views
-            moving[b].copy_(torch.bmm(moving[b], pi_t))
+        # One matmul broadcast over the batch (no Python loop over samples: the batch stays a free size for
+        # torch.export), written back in place.
+        moving.copy_(torch.matmul(moving, self.pi_t_moving.to(rows.dtype)))
 
     def _check_fixed(self, x: torch.Tensor, num_prefix_tokens: int, token_axis: int) -> None:
         if self.pi is None:
