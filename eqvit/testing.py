@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup, get_group
+from eqvit.groups.base import describe_element
 
 Action = Callable[[np.ndarray, torch.Tensor], torch.Tensor]
 """``action(matrix, x)``: the group element (as a ``[d, d]`` orthogonal matrix) applied to ``x``."""
@@ -65,26 +66,6 @@ class EquivarianceReport:
             f"{verdict} under {self.group} ({str(self.dtype).replace('torch.', '')}, "
             f"tolerance {self.tolerance:.0e}, max rel err {self.max_relative_error:.3e})\n{self.table()}"
         )
-
-
-def describe_element(matrix: np.ndarray) -> str:
-    """Short label of an orthogonal matrix: rotation angle/axis, or reflection."""
-    d = matrix.shape[0]
-    det = np.linalg.det(matrix)
-    if d == 2:
-        if det > 0:
-            return f"rot {np.degrees(np.arctan2(matrix[1, 0], matrix[0, 0])) % 360:.1f}deg"
-        axis = np.degrees(np.arctan2(matrix[1, 0], matrix[0, 0]) / 2) % 180
-        return f"reflect axis {axis:.1f}deg"
-    angle = np.degrees(np.arccos(np.clip((np.trace(matrix) - 1) / 2, -1, 1)))
-    if angle < 1e-6:
-        return "identity"
-    axis = np.array([matrix[2, 1] - matrix[1, 2], matrix[0, 2] - matrix[2, 0], matrix[1, 0] - matrix[0, 1]])
-    if np.linalg.norm(axis) < 1e-6:  # half-turn: axis from the symmetric part
-        w, v = np.linalg.eigh((matrix + matrix.T) / 2)
-        axis = v[:, np.argmax(w)]
-    axis = axis / np.linalg.norm(axis)
-    return f"rot {angle:.1f}deg [{axis[0]:+.2f},{axis[1]:+.2f},{axis[2]:+.2f}]"
 
 
 def invariant_action(matrix: np.ndarray, x: torch.Tensor) -> torch.Tensor:

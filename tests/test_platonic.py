@@ -462,8 +462,9 @@ def test_block_prefers_fourier_linears_when_cheaper():
 @pytest.mark.parametrize(
     ("name", "kwargs", "message"),
     [
-        ("platonic_points_tiny", dict(group="D4"), "unknown 3-D frames 'D4'"),
-        ("platonic_image_tiny", dict(group="C3"), "unknown frames 'C3' for square images"),
+        ("platonic_points_tiny", dict(group="D4"), "frames for 3-D positions must be 3x3 matrices; D4 acts in 2-D"),
+        ("platonic_points_tiny", dict(group="Q8"), "unknown group 'Q8'"),
+        ("platonic_image_tiny", dict(group="C3"), "C3 does not map the pixels of a square patch onto itself"),
         ("platonic_image_tiny", dict(group="C4", embed_dim=50), "embed_dim 50 must be a multiple of |C4| = 4"),
         ("platonic_points_tiny", dict(group="O", embed_dim=120), "120 gives 5 channels per frame of O"),
         ("platonic_sphere_tiny", dict(group="D4"), "unknown frames 'D4' for the sphere"),

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from randomise import randomise_
 
+import eqvit
 from eqvit.groups import FiniteGroup, get_group, register_group
 from eqvit.groups.base import close_under_multiplication
+from eqvit.models.o2vit import subgroup_names
+from eqvit.testing import assert_equivariant
 
 
 def full_octahedral() -> FiniteGroup:
@@ -37,3 +41,43 @@ def test_unknown_name_lists_registered_groups():
     register_group("Oh", full_octahedral)
     with pytest.raises(ValueError, match="registered group: Oh"):
         get_group("Ohh")
+
+
+# ------------------------------------------------------------------------------------------------
+# every builder takes any group its geometry admits (a name, registered or built-in, or a FiniteGroup)
+
+
+def test_a_registered_group_builds_platonic_point_models():
+    """Oh (48 elements, reflections included) from register_group, by name and as an object."""
+    register_group("Oh", full_octahedral)
+    for group in ("Oh", get_group("Oh")):
+        model = randomise_(eqvit.create_model("platonic_points_tiny", group=group, embed_dim=96))
+        assert model.group.name == "Oh" and model.config["group"] == "Oh"
+        report = assert_equivariant(model, batch_size=1)
+        assert report.passed and len(report.rows) == 48
+
+
+@pytest.mark.parametrize("name", ["o2vit_square_tiny", "platonic_image_tiny"])
+def test_image_models_take_any_subgroup_of_the_lattice(name):
+    """D2 with the diagonal mirrors, a subgroup of D4 that has no built-in name."""
+    D4 = get_group("D4")
+    diagonal = D4.subgroup(subgroup_names(D4)["D2[45deg]"])
+    model = randomise_(eqvit.create_model(name, group=diagonal))
+    assert model.group is diagonal
+    report = assert_equivariant(model, batch_size=1)
+    assert report.passed and len(report.rows) == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "group", "message"),
+    [
+        ("o2vit_square_tiny", "C8", r"C8 does not map the pixels of a square patch onto itself: element 1, rot 45"),
+        ("o2vit_hex_tiny", "D4", r"D4 does not map the pixels of a hex patch onto itself: element 1, rot 90"),
+        ("platonic_image_tiny", "C3", r"C3 does not map the pixels of a square patch onto itself: element 1, rot 120"),
+        ("platonic_image_tiny", "T", r"T acts in 3-D; the pixels of a square patch: 2-D points"),
+        ("platonic_points_tiny", "D3", r"frames for 3-D positions must be 3x3 matrices; D3 acts in 2-D"),
+    ],
+)
+def test_groups_the_geometry_does_not_admit_are_refused_saying_why(name, group, message):
+    with pytest.raises(ValueError, match=message):
+        eqvit.create_model(name, group=group)

@@ -181,12 +181,12 @@ def test_layouts_share_parameters_but_differ():
     "name, kwargs, valid",
     [
         ("platonic_points_tiny", {"posenc": "invariant_ape"}, ["frame_rope", "none"]),
-        ("platonic_sphere_tiny", {"posenc": "invariant_ape"}, ["frame_rope", "none"]),
+        ("platonic_sphere_tiny", {"posenc": "invariant_ape"}, ["one token per position", "frame_rope", "none"]),
         ("platonic_image_tiny", {"posenc": "so3rope"}, ["invariant_ape", "frame_rope", "none"]),
         ("o2vit_square_tiny", {"posenc": "so3rope"}, ["invariant_ape", "frame_rope", "none"]),
         ("o2vit_hex_tiny", {"attention": "invariant"}, ["coupled", "irrepwise", "frames"]),
         ("platonic_image_tiny", {"attention": "heads"}, ["frames", "coupled", "irrepwise"]),
-        ("so3vit_tiny", {"posenc": "frame_rope"}, ["so3rope", "none", "learned"]),
+        ("so3vit_tiny", {"posenc": "frame_rope"}, ["so3rope", "none", "learned", "ape"]),
     ],
 )
 def test_invalid_combinations_name_the_valid_ones(name, kwargs, valid):

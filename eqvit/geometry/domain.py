@@ -83,6 +83,16 @@ class PointDomain:
     def __repr__(self) -> str:
         return f"PointDomain({self.name}, points={len(self.points)}, shape={self.shape})"
 
+    def __getstate__(self) -> dict:
+        # the per-instance cache wraps a bound method, which pickle cannot store; it is rebuilt empty
+        state = dict(self.__dict__)
+        del state["_permutation"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._permutation = lru_cache(maxsize=256)(self._compute_permutation)
+
     @property
     def dim(self) -> int:
         """d, the dimension of the points (2 for images and hexagonal grids, 3 for the sphere)."""
@@ -245,3 +255,22 @@ def symmetry_subgroup(group, points: np.ndarray):
             continue
         kept.append(g)
     return group if len(kept) == group.order else group.subgroup(np.asarray(kept))
+
+
+def require_action(group, points: np.ndarray, what: str) -> None:
+    """ValueError unless every element of ``group`` maps ``points [P, d]`` onto themselves, naming the first
+    element that does not (``C8 does not map the square patch grid onto itself: element 1, rot 45.0deg``)."""
+    from eqvit.geometry.points import PointIndex
+    from eqvit.groups.base import describe_element
+
+    points = np.asarray(points, dtype=np.float64)
+    if group.dim != points.shape[1]:
+        raise ValueError(f"{group.name} acts in {group.dim}-D; {what}: {points.shape[1]}-D points")
+    index = PointIndex(points)
+    for g, matrix in enumerate(group.elements):
+        try:
+            index.permutation(matrix)
+        except ValueError:
+            raise ValueError(
+                f"{group.name} does not map {what} onto itself: element {g}, {describe_element(matrix)}"
+            ) from None

@@ -25,6 +25,7 @@ __all__ = [
     "cyclic",
     "dihedral",
     "get_group",
+    "resolve_group",
     "icosahedral",
     "list_groups",
     "octahedral",
@@ -63,6 +64,11 @@ def get_group(name: str) -> FiniteGroup:
         raise ValueError(f"unknown group {name!r}.{hint} Valid forms: {', '.join(VALID_FORMS)} (n >= 1){extra}")
     n = int(match.group(2))
     return cyclic(n) if match.group(1) == "C" else dihedral(n)
+
+
+def resolve_group(group: str | FiniteGroup) -> FiniteGroup:
+    """``group`` itself, or :func:`get_group` of its name (built-in or registered with :func:`register_group`)."""
+    return group if isinstance(group, FiniteGroup) else get_group(group)
 
 
 def list_groups(max_n: int = 8) -> list[str]:

@@ -8,6 +8,7 @@ once from the matrices in numpy float64 and cached on the instance.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -129,6 +130,36 @@ class FiniteGroup:
 
     def __repr__(self) -> str:
         return f"FiniteGroup({self.name!r}, order={self.order}, d={self.dim})"
+
+    def __reduce_ex__(self, protocol: int):
+        # A group that ``get_group`` serves is pickled by name, so an unpickled model shares the cached
+        # object (feature types compare groups by identity); any other group by value.
+        if self._is_served_by_name():
+            from eqvit.groups import get_group
+
+            return get_group, (self.name,)
+        return super().__reduce_ex__(protocol)
+
+    def __getstate__(self) -> dict:
+        # the irreps travel as values: an irrep builder may be a lambda or a local function, which pickle
+        # cannot store
+        state = dict(self.__dict__)
+        state["irreps"] = self.irreps
+        state["_irrep_builder"] = None
+        return state
+
+    def _is_served_by_name(self) -> bool:
+        """True when the built-in ``get_group(self.name)`` is this very object (checked without building a
+        group of another order; groups registered by users travel by value, their factory may be absent)."""
+        from eqvit.groups import get_group
+
+        match = re.fullmatch(r"([CD])([1-9]\d*)", self.name)
+        if match is not None:
+            if int(match.group(2)) * (1 if match.group(1) == "C" else 2) != self.order:
+                return False
+        elif self.name not in ("T", "O", "I"):
+            return False
+        return get_group(self.name) is self
 
     @cached_property
     def cayley(self) -> np.ndarray:
@@ -344,3 +375,26 @@ def _planar_builder_for(name: str) -> Callable[[FiniteGroup], list[Irrep]]:
     from eqvit.groups.planar import planar_irreps
 
     return lambda group: planar_irreps(name, group.elements)
+
+
+def describe_element(matrix: np.ndarray) -> str:
+    """Short label of an orthogonal matrix: rotation angle / axis, reflection (2-D) or minus a rotation (3-D)."""
+    d = matrix.shape[0]
+    det = np.linalg.det(matrix)
+    if d == 2:
+        if det > 0:
+            return f"rot {np.degrees(np.arctan2(matrix[1, 0], matrix[0, 0])) % 360:.1f}deg"
+        axis = np.degrees(np.arctan2(matrix[1, 0], matrix[0, 0]) / 2) % 180
+        return f"reflect axis {axis:.1f}deg"
+    if det < 0:  # improper: minus a rotation
+        rotation = describe_element(-matrix)
+        return "inversion" if rotation == "identity" else f"-{rotation}"
+    angle = np.degrees(np.arccos(np.clip((np.trace(matrix) - 1) / 2, -1, 1)))
+    if angle < 1e-6:
+        return "identity"
+    axis = np.array([matrix[2, 1] - matrix[1, 2], matrix[0, 2] - matrix[2, 0], matrix[1, 0] - matrix[0, 1]])
+    if np.linalg.norm(axis) < 1e-6:  # half-turn: axis from the symmetric part
+        w, v = np.linalg.eigh((matrix + matrix.T) / 2)
+        axis = v[:, np.argmax(w)]
+    axis = axis / np.linalg.norm(axis)
+    return f"rot {angle:.1f}deg [{axis[0]:+.2f},{axis[1]:+.2f},{axis[2]:+.2f}]"

@@ -37,11 +37,12 @@ from eqvit.groups import FiniteGroup
 from eqvit.models._checks import check_model_args, positive_int
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
-from eqvit.models.molecules import ATTENTIONS, POSENCS, FixedKeyAttention
+from eqvit.models.molecules import ATTENTIONS, FixedKeyAttention
 from eqvit.models.platonic import _channels, default_heads, spatial_frames
 from eqvit.nn.adaln import AdaLNZeroBlock, FrameModulation, TimestepEmbedding, modulate
+from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.platonic import PlatonicAttention, PlatonicMlp
-from eqvit.nn.posenc import FrameRoPE, NoPositionalEncoding
+from eqvit.nn.posenc.registry import TokenLayout, build_posenc
 from eqvit.nn.readout import FrameScalarReadout, FrameVectorReadout
 from eqvit.nn.regular import RegularLayerNorm
 from eqvit.nn.tokenizers.platonic import CentredPoints, LiftedPointEmbed
@@ -83,7 +84,8 @@ class PlatonicDenoiser(nn.Module):
         cond_dim: width of the time embedding.
         attention: ``"softmax"`` (learned keys) or ``"fixed_keys"``
             (:class:`~eqvit.models.molecules.FixedKeyAttention`).
-        posenc: ``"frame_rope"`` or ``"none"``.
+        posenc: a scheme registered for frame tokens (:mod:`eqvit.nn.posenc.registry`), e.g. ``"frame_rope"`` or
+            ``"none"``.
         qkv_bias, qk_norm: as in timm.
         min_wavelength, max_wavelength: frame RoPE's range, in Å.
         in_chans: atom-type features (the type scalars of the output match them).
@@ -126,13 +128,8 @@ class PlatonicDenoiser(nn.Module):
         self.input_encoding = CentredPoints()
         self.tokenizer = LiftedPointEmbed(frames, in_chans, channels)
         self.time_embed = TimestepEmbedding(cond_dim)
-        self.posenc = (
-            FrameRoPE(
-                frames, num_heads, channels // num_heads, min_wavelength=min_wavelength, max_wavelength=max_wavelength
-            )
-            if posenc == "frame_rope"
-            else NoPositionalEncoding()
-        )
+        layout = TokenLayout(G * channels, num_heads, channels // num_heads, FeatureType.frames(frames, channels))
+        self.posenc = build_posenc(posenc, layout, min_wavelength=min_wavelength, max_wavelength=max_wavelength)
         attn_cls = FixedKeyAttention if attention == "fixed_keys" else PlatonicAttention
         rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # plain floats: meta-device builds
         self.blocks = nn.ModuleList(
@@ -185,8 +182,6 @@ def build_dip(
     positive_int("cond_dim", cond_dim, " (the width of the time embedding)")
     if attention not in ATTENTIONS:
         raise unknown_name_error("attention (dip)", attention, ATTENTIONS)
-    if posenc not in POSENCS:
-        raise unknown_name_error("posenc (dip)", posenc, POSENCS)
     frames = spatial_frames(group)
     heads = default_heads(frames, num_heads)
     return PlatonicDenoiser(

@@ -40,16 +40,16 @@ from eqvit.models._timm import finish, pop_options, register_cfgs
 from eqvit.models.platonic import _channels, default_heads, platonic_cfg, spatial_frames
 from eqvit.models.restrict_platonic import restrictor
 from eqvit.models.vit import EquivariantViT, PointCloudViT
+from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import FeatureGather
 from eqvit.nn.platonic import InvariantPoolHead, PlatonicAttention, platonic_block
-from eqvit.nn.posenc import FrameRoPE, NoPositionalEncoding
 from eqvit.nn.posenc.base import PositionalScheme
+from eqvit.nn.posenc.registry import TokenLayout, build_posenc, posenc_name
 from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm
 from eqvit.nn.tokenizers.platonic import CentredPoints, LiftedPointEmbed
 from eqvit.utils import unknown_name_error
 
 ATTENTIONS = ("softmax", "fixed_keys")
-POSENCS = ("frame_rope", "none")
 ATOM_POOLS = ("sum", "mean")
 NUM_ELEMENTS = 5  # H, C, N, O, F
 MEAN_ATOMS = 18.0  # QM9's mean atom count: sum pooling divides by it so the pooled features stay O(1)
@@ -156,7 +156,7 @@ def build_molecule_model(
     qkv_bias: bool = True,
     qk_norm: bool = False,
     attention: str = "fixed_keys",
-    posenc: str = "frame_rope",
+    posenc: str | PositionalScheme = "frame_rope",
     atom_pool: str = "sum",
     min_wavelength: float = 0.5,
     max_wavelength: float = 8.0,
@@ -172,10 +172,9 @@ def build_molecule_model(
     :meth:`~eqvit.geometry.domain.PointCloudDomain.random_input`. Wavelengths are in Å."""
     config = {k: v for k, v in locals().items()}
     check_model_args(config)
+    config["posenc"] = posenc_name(posenc)
     if attention not in ATTENTIONS:
         raise unknown_name_error("attention (molecules)", attention, ATTENTIONS)
-    if posenc not in POSENCS:
-        raise unknown_name_error("posenc (molecules)", posenc, POSENCS)
     if not isinstance(num_targets, int) or isinstance(num_targets, bool) or num_targets < 0:
         raise ValueError(f"expected num_targets >= 1 (0: the head returns its invariants), got {num_targets!r}")
     frames = spatial_frames(group)
@@ -189,17 +188,9 @@ def build_molecule_model(
         )
         return platonic_block(frames, channels, heads, mlp_ratio, drop=drop_rate, drop_path=rate, attn=attn, impl=impl)
 
-    rope = (
-        FrameRoPE(
-            frames,
-            heads,
-            channels // heads,
-            learnable=learnable_freqs,
-            min_wavelength=min_wavelength,
-            max_wavelength=max_wavelength,
-        )
-        if posenc == "frame_rope"
-        else NoPositionalEncoding()
+    layout = TokenLayout(embed_dim, heads, channels // heads, FeatureType.frames(frames, channels))
+    rope = build_posenc(
+        posenc, layout, min_wavelength=min_wavelength, max_wavelength=max_wavelength, learnable_freqs=learnable_freqs
     )
     head = MoleculeHead(frames, channels, num_targets, atom_pool=atom_pool, drop=drop_rate)
     model = PointCloudViT(

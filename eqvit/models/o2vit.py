@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from eqvit.geometry.domain import PointDomain, TokenMap, symmetry_subgroup
+from eqvit.geometry.domain import PointDomain, TokenMap, require_action, symmetry_subgroup
 from eqvit.geometry.hexagonal import HexPatchGrid
 from eqvit.geometry.square import square_grid
-from eqvit.groups import FiniteGroup, get_group
+from eqvit.groups import FiniteGroup, resolve_group
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
@@ -29,24 +29,23 @@ from eqvit.nn.irrep_blocks import ClassTokenHead, TokenInvariants, irrep_block
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block
 from eqvit.nn.norm import IrrepLayerNorm
-from eqvit.nn.posenc import FrameRoPE, NoPositionalEncoding
-from eqvit.nn.posenc.invariant import InvariantAPE
-from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer, SquareToHex
-from eqvit.nn.tokenizers.square import SQUARE_GROUPS, SquarePatchTokenizer
+from eqvit.nn.posenc.base import PositionalScheme
+from eqvit.nn.posenc.registry import TokenLayout, build_posenc, posenc_name
+from eqvit.nn.tokenizers.hexagonal import HexPatchTokenizer, SquareToHex
+from eqvit.nn.tokenizers.square import SquarePatchTokenizer, square_patch_layout
 from eqvit.utils import unknown_name_error
 
 GRIDS = ("square", "hex")
-POSENCS = ("invariant_ape", "frame_rope", "none")
 
 
-def o2_group(grid: str, group: str | FiniteGroup) -> FiniteGroup:
-    """The group ``group`` checked against the grid's family (D4 family for square, D6 for hex)."""
-    if isinstance(group, FiniteGroup):
-        return group
-    valid = SQUARE_GROUPS if grid == "square" else HEX_GROUPS
-    if group not in valid:
-        raise unknown_name_error(f"group for the {grid} grid", group, valid)
-    return get_group(group)
+def o2_group(group: str | FiniteGroup, offsets: np.ndarray, centers: np.ndarray, grid: str) -> FiniteGroup:
+    """``group`` (a name, built-in or registered, or a :class:`~eqvit.groups.FiniteGroup`), checked to map the
+    patch's pixels and the patch centres of the ``grid`` onto themselves (the G-patchified grid, Def. 3): any
+    subgroup of the lattice's symmetry (D4 on the square grid, D6 on the hexagonal one) does."""
+    G = resolve_group(group)
+    require_action(G, offsets, f"the pixels of a {grid} patch")
+    require_action(G, centers, f"the {grid} patch centres")
+    return G
 
 
 def subgroup_names(group: FiniteGroup) -> dict[str, np.ndarray]:
@@ -103,7 +102,7 @@ def build_o2vit(
     grid: str = "square",
     group: str | FiniteGroup = "D4",
     attention: str = "coupled",
-    posenc: str = "invariant_ape",
+    posenc: str | PositionalScheme = "invariant_ape",
     in_chans: int = 3,
     num_classes: int = 38,
     img_size: int | None = 256,
@@ -137,8 +136,11 @@ def build_o2vit(
             half turn and the two axis reflections; ``model.group``); with ``img_size=None`` a hexagonal
             model takes the resampled input ``[B, C, P]`` on ``model.domain.points`` and is equivariant to
             all of ``group``.
-        group: ``"D4"``, ``"C4"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (square) or ``"D6"``,
-            ``"C6"``, ``"D3"``, ``"C3"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` (hex).
+        group: any group of 2x2 matrices that maps the grid's patches and patch centres onto themselves: a
+            name (``"D4"``, ``"C4"``, ``"D2"``, ``"C2"``, ``"D1"``, ``"C1"`` on the square grid; ``"D6"``, ``"C6"``,
+            ``"D3"``, ... on the hexagonal one; or one registered with :func:`eqvit.groups.register_group`) or a
+            :class:`~eqvit.groups.FiniteGroup` (e.g. ``get_group("D4").subgroup(...)``); others are refused,
+            naming the element that does not map the grid onto itself.
         attention: ``"coupled"`` (``num_heads`` heads), ``"irrepwise"`` (``num_heads`` per irrep, or
             ``irrep_heads``) or ``"frames"`` (frames as heads in the frame basis, ``num_heads`` per frame).
         irrep_heads: irrep-wise attention only: ``{irrep name: heads}``, a number of heads per irrep
@@ -146,8 +148,10 @@ def build_o2vit(
             irrep). The seed's Table 1 for C4 with ``regular_copies=4q``: ``{"A": 1, "B": 1, "E1": 2}``,
             four heads of 4q features. ValueError when a count does not divide the multiplicity.
             ``model.head_dims`` lists the width of every head.
-        posenc: ``"invariant_ape"`` (Sec. 4.2.2), ``"frame_rope"`` (frame RoPE on q, k in the frame basis,
-            the patch centres as positions; needs copies of the regular representation) or ``"none"``.
+        posenc: a positional scheme registered for irrep-wise tokens (:mod:`eqvit.nn.posenc.registry`):
+            ``"invariant_ape"`` (Sec. 4.2.2), ``"frame_rope"`` (frame RoPE on q, k in the frame basis, the patch
+            centres as positions; needs copies of the regular representation) or ``"none"``; or a
+            :class:`~eqvit.nn.posenc.PositionalScheme` built for these tokens.
         embed_dim: total token width, a multiple of ``|G|``: V is ``embed_dim / |G|`` copies of the
             regular representation (overrides ``regular_copies``). Without it, ``regular_copies``
             (default ``num_heads``) copies; or explicit ``multiplicities`` ``{irrep: C_rho}``.
@@ -161,13 +165,19 @@ def build_o2vit(
     check_model_args(config)
     if isinstance(group, FiniteGroup):
         config["group"] = group.name
+    config["posenc"] = posenc_name(posenc)
     if grid not in GRIDS:
         raise unknown_name_error("grid", grid, GRIDS)
-    if posenc not in POSENCS:
-        raise unknown_name_error("posenc", posenc, POSENCS)
     if attention not in ATTENTION_LAYOUTS:
         raise unknown_name_error("attention layout", attention, ATTENTION_LAYOUTS)
-    G = o2_group(grid, group)
+    if grid == "square":
+        if img_size is None:
+            raise ValueError("square models take images: pass img_size (the side of the square input)")
+        offsets, centers, _ = square_patch_layout(img_size, patch_size)
+    else:
+        hexgrid = HexPatchGrid(n_patch_side, n_pixel_side)
+        offsets, centers = hexgrid.pixel_offsets, hexgrid.patch_centers
+    G = o2_group(group, offsets, centers, grid)
     if multiplicities is not None:
         ftype = FeatureType(G, multiplicities, layout=layout)
         copies = ftype.dim / G.order
@@ -189,32 +199,18 @@ def build_o2vit(
         raise ValueError(f"irrep_heads needs attention='irrepwise', got attention={attention!r}")
     heads = head_layout(ftype, irrep_heads if irrep_heads is not None else num_heads, attention)
     basis = head_basis(ftype, attention)
-    frame_rope = None
-    if posenc == "frame_rope":
-        channels = _frame_channels(ftype)
-        if channels < 2:
-            raise ValueError(f"frame RoPE rotates channel pairs: {ftype} has {channels} channel per frame")
-        # Rope heads = the attention's channel groups when they have an even size (coupled heads and
-        # frames-as-heads then see relative positions only); otherwise one rope head over the channel
-        # pairs of each frame (an odd last channel passes). Equivariant either way.
-        per_head = channels // num_heads
-        aligned = channels % num_heads == 0 and per_head % 2 == 0
-        frame_rope = (num_heads, per_head) if aligned else (1, 2 * (channels // 2))
     act_type, act_basis, _ = homogeneous_fourier_basis(
         G, default_mlp_spaces(G, mlp_spaces, mlp_ratio * copies), layout=layout
     )
 
     symmetry, input_encoding = G, None
     if grid == "square":
-        if img_size is None:
-            raise ValueError("square models take images: pass img_size (the side of the square input)")
         tokenizer = SquarePatchTokenizer(G, img_size, patch_size, in_chans, ftype)
         domain = square_domain(img_size)
         side = img_size // patch_size
         token_grid = TokenMap(tokenizer.centers, (side, side), name=f"the {side}x{side} patch grid")
         reduction = token_spacing = patch_size
     else:
-        hexgrid = HexPatchGrid(n_patch_side, n_pixel_side)
         tokenizer = HexPatchTokenizer(G, hexgrid, in_chans, ftype)
         shape, cells = hexgrid.patch_map()
         name = f"the {tokenizer.num_tokens} hexagonal patch centres in a {shape[0]}x{shape[1]} axial map"
@@ -234,19 +230,21 @@ def build_o2vit(
         reduction = max(1, round(spacing))
     readout = TokenInvariants(ftype)
     head = ClassTokenHead(readout.num_features, num_classes, head_drop_rate)
-    if posenc == "invariant_ape":
-        scheme = InvariantAPE(G, tokenizer.centers, ftype)
-    elif posenc == "frame_rope":
-        radius = max(float(np.linalg.norm(tokenizer.centers, axis=-1).max()), token_spacing)
-        scheme = FrameRoPE(
-            G,
-            *frame_rope,
-            positions=tokenizer.centers.copy(),
-            min_wavelength=2.0 * token_spacing,
-            max_wavelength=4.0 * radius,
+    layout = TokenLayout(
+        embed_dim=ftype.dim,
+        num_heads=num_heads,
+        head_dim=ftype.dim // num_heads,
+        token_type=ftype,
+        positions=tokenizer.centers,
+        spacing=token_spacing,
+    )
+    scheme = build_posenc(posenc, layout)
+    frame_rope = scheme.rotary_split  # the attention rotates q, k in the frame basis
+    if scheme.is_rotary and frame_rope is None:
+        raise ValueError(
+            f"posenc {posenc_name(posenc)!r} rotates queries and keys outside the frame basis; the O(2) models' "
+            "attention applies rotary schemes in the frame basis (rotary_split), e.g. 'frame_rope'"
         )
-    else:
-        scheme = NoPositionalEncoding()
 
     def block_fn(index: int, rate: float) -> Block:
         return irrep_block(
@@ -295,13 +293,6 @@ def square_domain(img_size: int) -> PointDomain:
     return PointDomain(
         square_grid(img_size, img_size), shape=(img_size, img_size), name=f"the {img_size}x{img_size} square grid"
     )
-
-
-def _frame_channels(ftype: FeatureType) -> int:
-    try:
-        return ftype.in_frame_basis().channels
-    except ValueError as err:
-        raise ValueError(f"posenc='frame_rope' needs copies of the regular representation: {err}") from None
 
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from eqvit.geometry.domain import PointCloudDomain, PointDomain, TokenMap
+from eqvit.geometry.domain import PointCloudDomain, PointDomain, TokenMap, require_action
 from eqvit.geometry.square import square_grid
-from eqvit.groups import FiniteGroup, get_group
+from eqvit.groups import FiniteGroup, get_group, resolve_group
 from eqvit.groups.base import match_matrices
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
@@ -41,8 +41,8 @@ from eqvit.nn.irrep_attention import IrrepAttention, irrepwise_heads
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block
 from eqvit.nn.platonic import SCORES, FramePoolDense, InvariantPoolHead, platonic_block
-from eqvit.nn.posenc import FrameRoPE, LatitudeEncoding, NoPositionalEncoding, PositionalScheme
-from eqvit.nn.posenc.invariant import FrameInvariantAPE
+from eqvit.nn.posenc import LatitudeEncoding, PositionalScheme
+from eqvit.nn.posenc.registry import TokenLayout, build_posenc, posenc_name
 from eqvit.nn.regular import FourierLayerNorm, RegularBasis, RegularLayerNorm
 from eqvit.nn.tokenizers.icosphere import IcosphereUnpatchify
 from eqvit.nn.tokenizers.platonic import (
@@ -55,7 +55,7 @@ from eqvit.nn.tokenizers.square import square_patch_layout
 from eqvit.utils import unknown_name_error
 
 SPATIAL_FRAMES = ("trivial", "T", "O", "I")
-IMAGE_FRAMES = ("C1", "C2", "C4", "D1", "D2", "D4")
+IMAGE_FRAMES = ("C1", "C2", "C4", "D1", "D2", "D4")  # the built-in groups of the square lattice
 ATTENTIONS = ("frames", "coupled", "irrepwise")
 STREAMS = ("auto", "frames", "fourier")
 # stream="auto" keeps image models' residual stream in the Fourier basis from this many channels per frame on
@@ -63,11 +63,6 @@ STREAMS = ("auto", "frames", "fourier")
 # Schur linears cost at most FOURIER_STREAM_MAX_COST of the dense ones (D4: 12/64; C4: 6/16 does not pay).
 FOURIER_STREAM_MIN_CHANNELS = 32
 FOURIER_STREAM_MAX_COST = 0.2
-POSENCS = {
-    "points": ("frame_rope", "none"),
-    "image": ("invariant_ape", "frame_rope", "none"),
-    "sphere": ("frame_rope", "none"),
-}
 
 
 @cache
@@ -76,13 +71,16 @@ def trivial_3d() -> FiniteGroup:
     return FiniteGroup("trivial", np.eye(3)[None])
 
 
-def spatial_frames(name: str) -> FiniteGroup:
-    """Frames for 3-D positions: ``"trivial"`` (or ``"C1"``), ``"T"``, ``"O"``, ``"I"``."""
-    if name in ("trivial", "C1"):
+def spatial_frames(group: str | FiniteGroup) -> FiniteGroup:
+    """Frames for 3-D positions: ``"trivial"`` (or ``"C1"``), ``"T"``, ``"O"``, ``"I"``, a group registered with
+    :func:`eqvit.groups.register_group` (e.g. Oh, with reflections) or any :class:`~eqvit.groups.FiniteGroup` of
+    3x3 orthogonal matrices: point clouds carry no lattice, so every such group acts on them."""
+    if group in ("trivial", "C1"):
         return trivial_3d()
-    if name not in SPATIAL_FRAMES:
-        raise ValueError(f"unknown 3-D frames {name!r}; valid: {', '.join(SPATIAL_FRAMES)}")
-    return get_group(name)
+    frames = resolve_group(group)
+    if frames.dim != 3:
+        raise ValueError(f"frames for 3-D positions must be 3x3 matrices; {frames.name} acts in {frames.dim}-D")
+    return frames
 
 
 @cache
@@ -208,7 +206,7 @@ def _blocks(group: FiniteGroup, channels: int, num_heads: int, options: dict[str
 def build_platonic(
     *,
     kind: str,
-    group: str,
+    group: str | FiniteGroup,
     in_chans: int,
     num_classes: int | None = None,
     out_chans: int | None = None,
@@ -222,7 +220,7 @@ def build_platonic(
     init_values: float | None = None,
     scores: str = "frames",
     attention: str | None = None,
-    posenc: str = "frame_rope",
+    posenc: str | PositionalScheme = "frame_rope",
     impl: str = "auto",
     learnable_freqs: bool = False,
     min_wavelength: float | None = None,
@@ -250,20 +248,25 @@ def build_platonic(
 
     ``attention``: ``"frames"`` (frames as heads, the seed's default; ``scores="frames"``), ``"coupled"``
     (heads over all frames of a channel group; ``scores="invariant"``) or ``"irrepwise"`` (heads per irrep
-    after the Fourier transform of q, k, v); None takes it from ``scores``. ``posenc``: ``"frame_rope"``,
-    ``"none"``, or for images ``"invariant_ape"`` (the O(2) seed's invariant APE built in the irrep basis
-    and mapped to the frames). ``stream``: the residual stream on the frames, on their Fourier coefficients,
-    or ``"auto"`` (:func:`choose_stream`).
+    after the Fourier transform of q, k, v); None takes it from ``scores``. ``posenc``: a scheme registered for
+    frame tokens (:mod:`eqvit.nn.posenc.registry`): ``"frame_rope"``, ``"none"``, or with fixed positions
+    ``"invariant_ape"`` (the O(2) seed's invariant APE built in the irrep basis and mapped to the frames); or a
+    :class:`~eqvit.nn.posenc.PositionalScheme` built for these tokens. ``stream``: the residual stream on the
+    frames, on their Fourier coefficients, or ``"auto"`` (:func:`choose_stream`).
     """
     config = {k: v for k, v in locals().items()}
     check_model_args(config)
+    config["posenc"] = posenc_name(posenc)
+    if isinstance(group, FiniteGroup):
+        config["group"] = group.name
     symmetry: FiniteGroup
     if kind == "points":
         frames = symmetry = spatial_frames(group)
     elif kind == "image":
-        if group not in IMAGE_FRAMES:
-            raise ValueError(f"unknown frames {group!r} for square images; valid: {', '.join(IMAGE_FRAMES)}")
-        frames = symmetry = get_group(group)
+        frames = symmetry = resolve_group(group)
+        offsets, centers, _ = square_patch_layout(img_size, patch_size)
+        require_action(frames, offsets, "the pixels of a square patch")
+        require_action(frames, centers, "the square patch centres")
     elif kind == "sphere":
         frames, symmetry = sphere_frames(group)
     else:
@@ -283,8 +286,6 @@ def build_platonic(
     if scores != "frames" and attention != "coupled":
         raise ValueError(f"scores={scores!r} is the coupled layout; it does not go with attention={attention!r}")
     scores = "invariant" if attention == "coupled" else "frames"
-    if posenc not in POSENCS[kind]:
-        raise unknown_name_error(f"posenc for kind {kind!r}", posenc, POSENCS[kind])
     if attention == "irrepwise" and qk_norm:
         raise ValueError("qk_norm is not defined for irrep-wise heads (a LayerNorm over a head is not equivariant)")
     heads = default_heads(frames, num_heads)
@@ -308,64 +309,60 @@ def build_platonic(
         impl=impl,
         basis=basis,
     )
-    common = dict(
-        embed_dim=embed_dim,
-        depth=depth,
-        num_heads=heads,
-        drop_rate=drop_rate,
-        block_fn=_blocks(frames, channels, heads, options, attention, posenc == "frame_rope"),
-        norm_layer=(
-            RegularLayerNorm(frames.order, channels)
-            if basis == "frames"
-            else FourierLayerNorm(RegularBasis(frames, channels))
-        ),
-        group=symmetry,
-        in_chans=in_chans,
-        fused_attn=fused_attn,
-        config=config,
-    )
-    rope_args = dict(learnable=learnable_freqs)
+    token_type = FeatureType.frames(frames, channels)
 
-    def scheme(positions=None) -> PositionalScheme:
-        """The positional scheme: frame RoPE (at fixed ``positions``, or bound per batch), or none."""
-        if posenc == "frame_rope":
-            return FrameRoPE(frames, heads, channels // heads, positions=positions, **rope_args)
-        return NoPositionalEncoding()
+    def scheme(positions=None, min_default: float = 0.1, max_default: float = 4.0, **layout: Any) -> PositionalScheme:
+        """The positional scheme from the registry, for the tokens at fixed ``positions`` (or bound per batch)."""
+        tokens = TokenLayout(embed_dim, heads, channels // heads, token_type, positions=positions, **layout)
+        wavelengths = dict(min_wavelength=min_wavelength or min_default, max_wavelength=max_wavelength or max_default)
+        return build_posenc(posenc, tokens, learnable_freqs=learnable_freqs, **wavelengths)
+
+    def build(model_cls: type[EquivariantViT], posenc_scheme: PositionalScheme, **kwargs: Any) -> EquivariantViT:
+        """The model with the blocks for ``posenc_scheme`` (irrep-wise heads rotate in the frame basis)."""
+        kwargs.setdefault("group", symmetry)
+        return model_cls(
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=heads,
+            drop_rate=drop_rate,
+            block_fn=_blocks(frames, channels, heads, options, attention, posenc_scheme.rotary_split is not None),
+            norm_layer=(
+                RegularLayerNorm(frames.order, channels)
+                if basis == "frames"
+                else FourierLayerNorm(RegularBasis(frames, channels))
+            ),
+            posenc=posenc_scheme,
+            in_chans=in_chans,
+            fused_attn=fused_attn,
+            config=config,
+            **kwargs,
+        )
 
     classes = 10 if num_classes is None else num_classes
 
     if kind == "points":
-        rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
         head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "mean")
-        model = PointCloudViT(
+        model = build(
+            PointCloudViT,
+            scheme(),
             tokenizer=LiftedPointEmbed(frames, in_chans, channels),
             input_encoding=CentredPoints(),
             head=head,
-            posenc=scheme(),
             domain=PointCloudDomain(3, num_points),
             out_chans=classes or head.num_features,
             output_action="invariant",
-            **common,
         )
     elif kind == "image":
         tokenizer = LiftedSquarePatchEmbed(frames, img_size, patch_size, in_chans, channels, basis)
         side = img_size // patch_size
-        rope_args.update(min_wavelength=min_wavelength or 2.0, max_wavelength=max_wavelength or 4.0 * side)
         head = InvariantPoolHead(frames, channels, classes, drop=drop_rate, pool=head_pool or "max", basis=basis)
         coefficients = RegularBasis(frames, channels) if basis == "fourier" else None
-        model = EquivariantViT(
+        positions = tokenizer.positions.numpy().copy()
+        model = build(
+            EquivariantViT,
+            scheme(positions, 2.0, 4.0 * side, coefficients=coefficients),
             tokenizer=tokenizer,
             head=head,
-            posenc=(
-                FrameInvariantAPE(
-                    frames,
-                    tokenizer.positions.numpy().copy(),
-                    FeatureType.frames(frames, channels),
-                    coefficients=coefficients,
-                )
-                if posenc == "invariant_ape"
-                else scheme(tokenizer.positions)
-            ),
             domain=PointDomain(
                 square_grid(img_size, img_size),
                 shape=(img_size, img_size),
@@ -378,26 +375,25 @@ def build_platonic(
             ),
             token_type=tokenizer.out_type,
             feature_reduction=patch_size,
-            **common,
         )
     else:
         tokenizer = LiftedIcosphereEmbed(frames, in_chans, channels, input_level, patch_level)
         out = out_chans or in_chans
-        rope_args.update(min_wavelength=min_wavelength or 0.1, max_wavelength=max_wavelength or 4.0)
         domain = icosphere_domain(input_level)
-        input_encoding = None
+        input_encoding, kept = None, symmetry
         if symmetry_breaking == "latitude":  # the rotating sphere: keep only the rotations about z
             input_encoding = LatitudeEncoding(domain.points, in_chans, latitude_degree)
-            common["group"] = rotations_about_z(symmetry)
-        model = EquivariantViT(
+            kept = rotations_about_z(symmetry)
+        model = build(
+            EquivariantViT,
+            scheme(tokenizer.positions.numpy().copy()),
             tokenizer=tokenizer,
             head=FramePoolDense(frames.order, IcosphereUnpatchify(channels, out, input_level, patch_level)),
-            posenc=scheme(tokenizer.positions),
             domain=domain,
             input_encoding=input_encoding,
             residual=residual,
             out_chans=out,
-            **common,
+            group=kept,
         )
     model.frames = frames
     model.stream = basis

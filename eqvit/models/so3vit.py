@@ -41,10 +41,10 @@ from eqvit.models._checks import check_model_args
 from eqvit.models._registry import refuse_classifier_kwargs, register_model, strip_timm_kwargs
 from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
 from eqvit.models.vit import EquivariantViT
-from eqvit.nn.posenc import LatitudeEncoding, LearnedAPE, NoPositionalEncoding, OrbitAPE, SO3RoPE
+from eqvit.nn.posenc import LatitudeEncoding, PositionalScheme
+from eqvit.nn.posenc.registry import TokenLayout, build_posenc, posenc_name
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
 
-POSENCS = ("so3rope", "none", "learned", "ape")
 SYMMETRY_BREAKING = (None, "latitude")
 
 
@@ -70,7 +70,7 @@ def build_so3vit(
     num_heads: int = 4,
     mlp_ratio: float = 4.0,
     qk_norm: bool = False,
-    posenc: str = "so3rope",
+    posenc: str | PositionalScheme = "so3rope",
     symmetry_breaking: str | None = None,
     latitude_degree: int = 8,
     residual: bool = False,
@@ -80,15 +80,15 @@ def build_so3vit(
 ) -> EquivariantViT:
     """Build an SO3ViT.
 
-    ``posenc``: ``"so3rope"`` (the seed's), ``"none"``, ``"learned"`` (a learned APE that is exactly
-    invariant: one vector per orbit of the token poses under the icosahedral rotations,
-    :class:`~eqvit.nn.posenc.OrbitAPE`) or ``"ape"`` (a learned vector per token, breaking every
-    symmetry: the ``vit_ape_*`` ablation).
+    ``posenc``: a scheme registered for plain tokens (:mod:`eqvit.nn.posenc.registry`): ``"so3rope"`` (the
+    seed's), ``"none"``, ``"learned"`` (a learned APE that is exactly invariant: one vector per orbit of the
+    token poses under the icosahedral rotations, :class:`~eqvit.nn.posenc.OrbitAPE`) or ``"ape"`` (a learned
+    vector per token, breaking every symmetry: the ``vit_ape_*`` ablation); or a
+    :class:`~eqvit.nn.posenc.PositionalScheme` built for these tokens.
     """
     config = dict(locals())
     check_model_args(config)
-    if posenc not in POSENCS:
-        raise ValueError(f"unknown posenc {posenc!r}; valid: {', '.join(POSENCS)}")
+    config["posenc"] = posenc_name(posenc)
     if symmetry_breaking not in SYMMETRY_BREAKING:
         raise ValueError(f"unknown symmetry_breaking {symmetry_breaking!r}; valid: None, 'latitude'")
     if embed_dim % num_heads:
@@ -96,21 +96,17 @@ def build_so3vit(
     tokenizer = IcospherePatchEmbed(in_chans, embed_dim, input_level, patch_level)
     head = IcosphereUnpatchify(embed_dim, out_chans, input_level, patch_level)
     domain = icosphere_domain(input_level)
-    if posenc == "so3rope":
-        scheme = SO3RoPE(embed_dim // num_heads, poses=tokenizer.poses)
-    elif posenc == "ape":
-        scheme = LearnedAPE(tokenizer.num_tokens, embed_dim)
-    elif posenc == "learned":
-        scheme = OrbitAPE(tokenizer.lifting.poses, get_group("I").elements, embed_dim)
-    else:
-        scheme = NoPositionalEncoding()
     group = get_group("I")
+    layout = TokenLayout(
+        embed_dim, num_heads, embed_dim // num_heads, poses=tokenizer.lifting.poses, pose_symmetry=group
+    )
+    scheme = build_posenc(posenc, layout)
     input_encoding = None
     if symmetry_breaking == "latitude":
         input_encoding = LatitudeEncoding(domain.points, in_chans, latitude_degree)
         group = rotations_about_z(group)
-    if posenc == "ape":
-        group = None  # a learned APE keeps no symmetry of the sphere
+    if not scheme.keeps_symmetry:
+        group = None  # e.g. a learned APE keeps no symmetry of the sphere
     return EquivariantViT(
         tokenizer=tokenizer,
         head=head,

@@ -4,6 +4,13 @@ from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 from eqvit.nn.posenc.frame_rope import BoundFrameRoPE, FrameRoPE
 from eqvit.nn.posenc.latitude import LatitudeEncoding, legendre_polynomials
 from eqvit.nn.posenc.learned import LearnedAPE, OrbitAPE
+from eqvit.nn.posenc.registry import (
+    TokenLayout,
+    build_posenc,
+    list_posencs,
+    register_posenc,
+    unregister_posenc,
+)
 from eqvit.nn.posenc.so3rope import SO3RoPE, max_order_for
 
 __all__ = [
@@ -15,6 +22,11 @@ __all__ = [
     "OrbitAPE",
     "PositionalScheme",
     "SO3RoPE",
+    "TokenLayout",
+    "build_posenc",
     "legendre_polynomials",
+    "list_posencs",
     "max_order_for",
+    "register_posenc",
+    "unregister_posenc",
 ]

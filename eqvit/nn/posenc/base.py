@@ -12,9 +12,17 @@ from torch import nn
 
 
 class PositionalScheme(nn.Module):
-    """Base class; the defaults leave tokens, queries and keys unchanged."""
+    """Base class; the defaults leave tokens, queries and keys unchanged.
+
+    ``is_rotary``: it rotates queries and keys (else it adds to the tokens). ``keeps_symmetry``: the model keeps
+    the symmetry of its tokens with it (False for an absolute encoding learned per token).
+    ``rotary_split``: ``(heads, head_dim)`` of a scheme that rotates queries and keys in the frame basis (frame
+    RoPE), which the O(2) models' attention moves them to; None otherwise.
+    """
 
     is_rotary: bool = False
+    keeps_symmetry: bool = True
+    rotary_split: tuple[int, int] | None = None
 
     def rope_for(self, *inputs: torch.Tensor) -> PositionalScheme | None:
         """The rotary scheme attention applies for these (encoded) model inputs: None for additive

@@ -108,6 +108,7 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
         if head_dim % 2:
             raise ValueError(f"frame RoPE rotates channel pairs: head_dim must be even, got {head_dim}")
         self.order, self.num_heads, self.head_dim = group.order, num_heads, head_dim
+        self.rotary_split = (num_heads, head_dim)  # rotates in the frame basis
         self.dim = group.dim
         freqs = torch.from_numpy(default_frequencies(num_heads, head_dim, group.dim, min_wavelength, max_wavelength))
         self.register_exact_buffer("frames", torch.from_numpy(group.elements.copy()))

@@ -12,6 +12,8 @@ from eqvit.nn.posenc.base import PositionalScheme
 class LearnedAPE(PositionalScheme):
     """A learned vector per token position, added after tokenization: ``x + p``, ``p [1, N, C]``."""
 
+    keeps_symmetry = False  # one free vector per token
+
     def __init__(self, num_tokens: int, dim: int, std: float = 0.02) -> None:
         super().__init__()
         self.pos_embed = nn.Parameter(torch.randn(1, num_tokens, dim) * std)
