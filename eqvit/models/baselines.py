@@ -23,6 +23,7 @@ SO(3)-RoPE: the non-equivariant ablation (``group`` is None).
 from __future__ import annotations
 
 import copy
+import copyreg
 import functools
 import inspect
 import math
@@ -51,9 +52,32 @@ _OWN = ("img_size", "grid", "in_chans", "out_chans", "embed_dim", "num_heads", "
 def _spherical_transformer() -> type[nn.Module]:
     """torch-harmonics' SphericalTransformer, imported on first use: torch-harmonics takes seconds
     to import, so ``import eqvit`` and ``eqvit list`` leave it until an ``s2transformer_*`` is built."""
+    # Its neighborhood attention keeps its kernel, a registered torch custom op, as a module attribute;
+    # pickle stores that op by the name it is defined under, so torch.save(model) works.
+    from torch._library.custom_ops import CustomOpDef
     from torch_harmonics.examples.models import SphericalTransformer
 
+    copyreg.pickle(CustomOpDef, _reduce_custom_op)
     return SphericalTransformer
+
+
+def _reduce_custom_op(op: Any) -> tuple[Any, tuple[str, str]]:
+    """Pickle a torch custom op (``torch.library.custom_op``) as a reference to the module-level name it is
+    defined under; an op that is not found under that name cannot be pickled."""
+    import pickle
+
+    fn = op._init_fn
+    module, name = fn.__module__, fn.__qualname__
+    if _custom_op_by_name(module, name) is not op:
+        raise pickle.PicklingError(f"cannot pickle the custom op {op!r}: {module}.{name} is another object")
+    return _custom_op_by_name, (module, name)
+
+
+def _custom_op_by_name(module: str, name: str) -> Any:
+    """The object ``module.name`` (a custom op, when unpickled)."""
+    import importlib
+
+    return getattr(importlib.import_module(module), name, None)
 
 
 @functools.cache
