@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable
+import secrets
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -27,6 +28,46 @@ def cache_dir() -> Path:
     """Where eqvit keeps what it derives once per machine (parsed datasets):
     ``$EQVIT_CACHE``, default ``~/.cache/eqvit``."""
     return Path(os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser()
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` into a temporary ``.{name}.XXXXXXXX.tmp`` of its own beside ``path``, fsync, rename onto
+    ``path``: readers see the old file or the whole new one, and writers at the same time do not collide.
+
+    The file gets mode ``0o666`` less the umask, as ``open`` gives other files (``0644``; ``0664`` for a
+    group-shared umask), not the ``0o600`` of ``mkstemp``, or of safetensors' own temporary file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~umask())
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 class MissingExtraError(ValueError, ModuleNotFoundError):

@@ -16,7 +16,9 @@ Parsed once, the arrays are cached as one ``.npz`` (``cache_dir``, else ``$EQVIT
 ``~/.cache/eqvit``, under ``qm9/``): ``positions [A, 3]`` float64 in Å for all A atoms in molecule
 order, ``atoms [A]`` atomic numbers, ``offsets [M + 1]`` (molecule m is atoms
 ``offsets[m]:offsets[m + 1]``), ``targets [M, 12]`` in the native units below and ``index [M]``
-(the GDB-9 molecule number). A bad row is a ValueError naming the molecule.
+(the GDB-9 molecule number), with a SHA-256 of them: a cache that does not match it (truncated,
+damaged) is built again with a warning. A bad row is a ValueError naming the molecule, a file that
+is not UTF-8 text one naming the file.
 
 :func:`qm9_splits` gives the Cormorant / EGNN split: 100,000 training, 17,748 validation and
 13,083 test molecules, a permutation fixed by ``seed``.
@@ -25,15 +27,20 @@ order, ``atoms [A]`` atomic numbers, ``offsets [M + 1]`` (molecule m is atoms
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import importlib.util
 import os
+import zipfile
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from eqvit.data.cache import CorruptCacheError, cached, digest
+from eqvit.utils import atomic_write
 from eqvit.utils import cache_dir as eqvit_cache_dir
 
 # The 12 standard targets, in the column order of ``targets``: (name, csv column, xyz field, native unit).
@@ -58,7 +65,7 @@ ATOMIC_NUMBERS = {"H": 1, "C": 6, "N": 7, "O": 8, "F": 9}
 NUM_MOLECULES = 130_831
 SPLIT_SIZES = {"train": 100_000, "val": 17_748, "test": 13_083}
 CSV_PARTS = ("qm9_part1.csv", "qm9_part2.csv", "qm9_part3.csv")
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # the arrays and their SHA-256
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,10 @@ def parse_csv_row(row: dict[str, str], where: str) -> tuple[int, np.ndarray, np.
 
 def read_xyz(path: Path) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """``(index, positions [n, 3], atomic numbers [n], targets [12])`` of one original QM9 ``.xyz`` file."""
-    lines = Path(path).read_text().splitlines()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"QM9 file {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     try:
         n = int(lines[0])
         props = lines[1].split()
@@ -215,12 +225,17 @@ def _iter_csv(files: Sequence[Path], limit: int | None) -> Iterator[tuple[int, n
     count = 0
     csv.field_size_limit(1 << 24)
     for path in files:
-        with open(path, newline="") as fh:
-            for line, row in enumerate(csv.DictReader(fh), start=2):
-                if limit is not None and count >= limit:
-                    return
-                yield parse_csv_row(row, f"{path.name} line {line}")
-                count += 1
+        with open(path, newline="", encoding="utf-8") as fh:
+            try:
+                for line, row in enumerate(csv.DictReader(fh), start=2):
+                    if limit is not None and count >= limit:
+                        return
+                    yield parse_csv_row(row, f"{path.name} line {line}")
+                    count += 1
+            except UnicodeDecodeError as err:
+                raise ValueError(f"QM9 file {path}: not UTF-8 text ({err.reason})") from None
+            except csv.Error as err:
+                raise ValueError(f"QM9 file {path}: not a readable CSV ({err})") from None
 
 
 def _assemble(molecules: Iterable[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> QM9Arrays:
@@ -273,18 +288,44 @@ def _source_key(root: str | os.PathLike | None) -> str:
 
 
 def load_qm9(root: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None) -> QM9Arrays:
-    """All molecules (qm9pack, or the ``.xyz`` files in ``root``), parsed once and then read from the cache."""
+    """All molecules (qm9pack, or the ``.xyz`` files in ``root``), parsed once and then read from the cache
+    (:func:`eqvit.data.cache.cached`: verified by a checksum, rebuilt with a warning when unreadable)."""
     folder = Path(cache_dir).expanduser() if cache_dir is not None else eqvit_cache_dir() / "qm9"
     path = folder / f"{_source_key(root)}-v{_CACHE_VERSION}.npz"
-    if path.is_file():
+    build = read_qm9pack if root is None else functools.partial(read_xyz_folder, root)
+    return cached(path, _load_arrays, build, _save_arrays, "QM9")
+
+
+_ARRAY_NAMES = tuple(QM9Arrays.__dataclass_fields__)
+
+
+def _save_arrays(path: Path, arrays: QM9Arrays) -> None:
+    values = {name: getattr(arrays, name) for name in _ARRAY_NAMES}
+    values["sha256"] = np.array(digest(values.items()))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:  # a file object: np.savez would add ".npz" to a name
+            np.savez(fh, **values)
+
+    atomic_write(path, write)
+
+
+def _load_arrays(path: Path) -> QM9Arrays:
+    """The cached arrays, checked against the checksum stored with them (CorruptCacheError otherwise)."""
+    try:
         with np.load(path, allow_pickle=False) as z:
-            return QM9Arrays(**{k: z[k] for k in QM9Arrays.__dataclass_fields__})
-    arrays = read_qm9pack() if root is None else read_xyz_folder(root)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **{k: getattr(arrays, k) for k in QM9Arrays.__dataclass_fields__})
-    tmp.replace(path)  # atomic: a crash never leaves a truncated cache
-    return arrays
+            missing = [name for name in (*_ARRAY_NAMES, "sha256") if name not in z.files]
+            if missing:
+                raise CorruptCacheError(f"it lacks {', '.join(missing)}")
+            values = {name: z[name] for name in _ARRAY_NAMES}
+            recorded = str(z["sha256"])
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        if isinstance(err, CorruptCacheError):
+            raise
+        raise CorruptCacheError(f"{type(err).__name__}: {err}") from None
+    if digest(values.items()) != recorded:
+        raise CorruptCacheError("its contents do not match the checksum stored with them")
+    return QM9Arrays(**values)
 
 
 def qm9_splits(

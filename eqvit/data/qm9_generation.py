@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eqvit.data.cache import CorruptCacheError, cached
 from eqvit.data.qm9 import ELEMENTS, QM9Dataset, element_index
+from eqvit.utils import atomic_write
 
 ROTATIONS = ("none", "z", "so3")
 
@@ -65,7 +67,7 @@ class AtomCounts:
 
 def _smiles_cache(split: QM9Dataset, cache_dir: Path) -> Path:
     key = hashlib.sha1(np.ascontiguousarray(split.ids).tobytes() + str(len(split.arrays)).encode()).hexdigest()[:12]
-    return cache_dir / f"qm9-train-smiles-{key}.txt"
+    return cache_dir / f"qm9-train-smiles-{key}-v2.txt"  # v2: with its checksum header
 
 
 def training_smiles(split: QM9Dataset, cache_dir: Path) -> set[str]:
@@ -74,13 +76,31 @@ def training_smiles(split: QM9Dataset, cache_dir: Path) -> set[str]:
     from eqvit.chem.rdkit_mols import require_gen, smiles_of
 
     require_gen("novelty against the training set")
-    path = _smiles_cache(split, Path(cache_dir))
-    if path.is_file():
-        return set(path.read_text().split())
-    smiles = smiles_of([molecule(split, i) for i in range(len(split))])
-    known = sorted({s for s in smiles if s is not None})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(known))
-    tmp.replace(path)  # atomic: a crash never leaves a truncated cache
-    return set(known)
+
+    def build() -> set[str]:
+        smiles = smiles_of([molecule(split, i) for i in range(len(split))])
+        return {s for s in smiles if s is not None}
+
+    return cached(_smiles_cache(split, Path(cache_dir)), _load_smiles, build, _save_smiles, "QM9 training SMILES")
+
+
+_SMILES_HEADER = "# eqvit QM9 training SMILES, sha256 "
+
+
+def _save_smiles(path: Path, smiles: set[str]) -> None:
+    """One SMILES a line after a header with the SHA-256 of the lines (:func:`_load_smiles` checks it)."""
+    body = "\n".join(sorted(smiles))
+    text = f"{_SMILES_HEADER}{hashlib.sha256(body.encode()).hexdigest()}\n{body}"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def _load_smiles(path: Path) -> set[str]:
+    try:
+        header, _, body = path.read_text(encoding="utf-8").partition("\n")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CorruptCacheError(f"{type(err).__name__}: {err}") from None
+    if not header.startswith(_SMILES_HEADER):
+        raise CorruptCacheError("it has no checksum header")
+    if hashlib.sha256(body.encode()).hexdigest() != header[len(_SMILES_HEADER) :]:
+        raise CorruptCacheError("its lines do not match the checksum stored with them")
+    return set(body.split())

@@ -48,12 +48,14 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from eqvit.data.cache import CorruptCacheError, cached, digest
+from eqvit.utils import atomic_write
 
 __all__ = [
     "ShallowWaterConfig",
@@ -345,18 +347,40 @@ class ValidationSet:
             yield x[start : start + batch_size], y[start : start + batch_size]
 
 
+_VALIDATION_KEYS = ("spec_x", "spec_y", "x_grid", "y_grid", "mean", "std")
+
+
+def _tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
+    return digest((k, tensors[k].detach().cpu().numpy()) for k in sorted(tensors))
+
+
 def _save_safetensors_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """Write ``tensors`` with ``metadata`` and their SHA-256 (``metadata["sha256"]``), atomically, with the umask's
+    mode (:func:`eqvit.utils.atomic_write`)."""
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    metadata = {**metadata, "sha256": _tensor_digest(tensors)}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def _load_safetensors_verified(path: Path, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The tensors of a file :func:`_save_safetensors_atomic` wrote, checked against their recorded SHA-256;
+    :class:`~eqvit.data.cache.CorruptCacheError` when the file is unreadable, lacks ``keys`` or does not match."""
+    from safetensors import SafetensorError, safe_open
+
     try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        with safe_open(str(path), framework="pt") as fh:
+            tensors = {key: fh.get_tensor(key) for key in fh.keys()}
+            recorded = (fh.metadata() or {}).get("sha256")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CorruptCacheError(f"{type(err).__name__}: {err}") from None
+    missing = [key for key in keys if key not in tensors]
+    if missing or recorded is None:
+        raise CorruptCacheError(f"it lacks {', '.join(missing or ['its checksum'])}")
+    if _tensor_digest(tensors) != recorded:
+        raise CorruptCacheError("its contents do not match the checksum stored with them")
+    return tensors
 
 
 # --------------------------------------------------------------------------------------
@@ -644,17 +668,25 @@ class ShallowWaterData:
         """A fixed, seeded set of ``num`` fresh pairs (independent of the training stream).
 
         With ``cache_dir``, the set is stored as safetensors under a name keyed by the config,
-        ``seed``, ``num`` and the point-set hash, and loaded from there when present.
+        ``seed``, ``num`` and the point-set hash, with a SHA-256 of its tensors, and loaded from there
+        when present and sound (an unreadable or damaged file is built again, with a warning).
         Regenerating without the cache gives bit-identical tensors (same chunking, same
         generator, same thread setting).
         """
         if not isinstance(num, int) or num < 1:
             raise ValueError(f"expected num to be a positive int, got {num!r}")
-        path = None
-        if cache_dir is not None:
-            path = Path(cache_dir) / self.validation_filename(num, seed)
-            if path.exists():
-                return self._load_validation(path)
+        if cache_dir is None:
+            return self._build_validation(num, seed, chunk_size)
+        path = Path(cache_dir) / self.validation_filename(num, seed)
+        return cached(
+            path,
+            self._load_validation,
+            lambda: self._build_validation(num, seed, chunk_size, path),
+            lambda path, val: self._save_validation(val, path, seed),
+            "shallow-water validation",
+        )
+
+    def _build_validation(self, num: int, seed: int, chunk_size: int, path: Path | None = None) -> ValidationSet:
         gen = torch.Generator(device=self.device).manual_seed(_derive_seed(seed, "validation"))
         xs, ys = [], []
         for start in range(0, num, chunk_size):
@@ -674,37 +706,36 @@ class ShallowWaterData:
             std=std.clone(),
             path=path,
         )
-        if path is not None:
-            tensors = {
-                "spec_x": torch.view_as_real(val.spec_x),
-                "spec_y": torch.view_as_real(val.spec_y),
-                "x_grid": val.x_grid,
-                "y_grid": val.y_grid,
-                "mean": val.mean,
-                "std": val.std,
-            }
-            if val.x_points is not None:
-                tensors["x_points"] = val.x_points
-                tensors["y_points"] = val.y_points
-            metadata = {
-                "config": json.dumps(dataclasses.asdict(self.config), sort_keys=True),
-                "seed": str(int(seed)),
-                "num": str(int(num)),
-                "points_hash": self.points_key,
-                "channels": ",".join(CHANNELS),
-            }
-            _save_safetensors_atomic(tensors, path, metadata)
         return val
 
-    def _load_validation(self, path: Path) -> ValidationSet:
-        from safetensors.torch import load_file
+    def _save_validation(self, val: ValidationSet, path: Path, seed: int) -> None:
+        tensors = {
+            "spec_x": torch.view_as_real(val.spec_x),
+            "spec_y": torch.view_as_real(val.spec_y),
+            "x_grid": val.x_grid,
+            "y_grid": val.y_grid,
+            "mean": val.mean,
+            "std": val.std,
+        }
+        if val.x_points is not None:
+            tensors["x_points"] = val.x_points
+            tensors["y_points"] = val.y_points
+        metadata = {
+            "config": json.dumps(dataclasses.asdict(self.config), sort_keys=True),
+            "seed": str(int(seed)),
+            "num": str(len(val)),
+            "points_hash": self.points_key,
+            "channels": ",".join(CHANNELS),
+        }
+        _save_safetensors_atomic(tensors, path, metadata)
 
-        t = load_file(str(path), device=str(self.device))
+    def _load_validation(self, path: Path) -> ValidationSet:
+        t = {k: v.to(self.device) for k, v in _load_safetensors_verified(path, _VALIDATION_KEYS).items()}
         mean, std = self.stats
-        if not (torch.equal(t["mean"], mean) and torch.equal(t["std"], std)):
-            raise ValueError(
-                f"cached validation set {path} was normalised with mean={t['mean'].tolist()}, "
-                f"std={t['std'].tolist()}, expected mean={mean.tolist()}, std={std.tolist()}; delete it"
+        if not (torch.equal(t["mean"], mean.to(t["mean"])) and torch.equal(t["std"], std.to(t["std"]))):
+            raise CorruptCacheError(
+                f"it was normalised with mean={t['mean'].tolist()}, std={t['std'].tolist()}, not with this "
+                f"solver's mean={mean.tolist()}, std={std.tolist()}"
             )
         return ValidationSet(
             spec_x=torch.view_as_complex(t["spec_x"].contiguous()),
