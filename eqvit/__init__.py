@@ -4,7 +4,7 @@
 ``timm.create_model(name)`` builds the same one.
 """
 
-from eqvit import groups
+from eqvit import deploy, groups
 from eqvit.fuse import fuse
 from eqvit.models import EquivariantViT, create_model, list_models, register_model
 from eqvit.models.restrict import restrict
@@ -15,6 +15,7 @@ __all__ = [
     "EquivariantViT",
     "__version__",
     "create_model",
+    "deploy",
     "fuse",
     "groups",
     "list_models",

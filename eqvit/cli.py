@@ -134,9 +134,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
-    from eqvit.models.zoo import zoo_markdown, zoo_rows
+    from eqvit.models.zoo import zoo_markdown, zoo_rows, zoo_text
 
-    print(zoo_markdown(zoo_rows(args.pattern)))
+    rows = zoo_rows(args.pattern)
+    print(zoo_markdown(rows) if args.markdown else zoo_text(rows))
     return 0
 
 
@@ -224,8 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'so3vit*'")
     p.set_defaults(func=_cmd_list)
 
-    p = sub.add_parser("zoo", help="markdown table of the registered models (family, group, params, input)")
+    p = sub.add_parser("zoo", help="table of the registered models (family, group, params, input)")
     p.add_argument("pattern", nargs="?", default="*", help="fnmatch pattern, e.g. 'platonic*'")
+    p.add_argument("--markdown", action="store_true", help="a markdown table (the README's model table)")
     p.set_defaults(func=_cmd_zoo)
 
     p = sub.add_parser("train", help="train from a YAML config")
@@ -314,6 +316,25 @@ def _describe_os_error(err: OSError) -> str:
     }
     hint = hints.get(err.errno)
     return _one_paragraph(f"{reason}{': ' + where if where else ''}{'; ' + hint if hint else ''}")
+
+
+def reference_markdown() -> str:
+    """``docs/cli.md``: every command's usage and options, from the parser itself."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    lines = [
+        "# Command line",
+        "",
+        "`eqvit COMMAND` or `python -m eqvit COMMAND`; generated from the parser "
+        "(`eqvit.cli.reference_markdown()`). A user error ends with one paragraph on stderr and exit code 2.",
+        "",
+    ]
+    for name, command in sub.choices.items():
+        width = 100  # not the terminal's: the page is the same wherever it is generated
+        command.formatter_class = lambda prog, cls=command.formatter_class: cls(prog, width=width)
+        help_text = command.format_help().replace(parser.prog + " ", "eqvit ", 1)
+        lines += [f"## eqvit {name}", "", "```text", help_text.rstrip(), "```", ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

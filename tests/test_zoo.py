@@ -27,6 +27,11 @@ def test_format_count():
 def test_cli_zoo_prints_the_table(capsys):
     from eqvit.cli import main
 
-    assert main(["zoo", "platonic*tiny"]) == 0
+    names = eqvit.list_models("platonic*tiny")
+    assert main(["zoo", "platonic*tiny", "--markdown"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| model |") and len(out) == 2 + len(eqvit.list_models("platonic*tiny"))
+    assert out[0].startswith("| model |") and len(out) == 2 + len(names)
+    assert main(["zoo", "platonic*tiny"]) == 0  # aligned text: a header, then one row per model
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["model", "family"] and len(out) == 1 + len(names)
+    assert all(line.startswith(name) for line, name in zip(out[1:], names))

@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "o2_gsets": "MLP G-sets of a D4 ViT: accuracy against the A1 fraction of the hidden layer (seed Fig. 6)",
     "o2_equivariance": "invariance and restriction errors of the O(2)-subgroup ViTs",
     "o2_speed": "forward time, parameters and FLOPs of the D4 O(2)-subgroup ViT against timm",
+    "report": "docs/benchmarks.md from the canonical results (--check: the page matches them)",
     "qm9": "QM9 property regression at equal CPU time: trivial, T, O, I frames and a plain transformer",
     "platonic_head_fit": "training loss of the Platonic image classifiers per frame-pooling head",
     "platonic_pointcloud": "Platonic frames on point clouds: accuracy under random SO(3) test rotations",

@@ -15,9 +15,8 @@ def _name(dtype: torch.dtype) -> str:
 def parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
     """The dtype of ``module``'s first floating-point parameter (in ``module.parameters()`` order): the dtype
     its inputs must have."""
-    # A plain depth-first walk that stops at the first parameter: models check their input's dtype on every
-    # forward, and ``module.parameters()`` builds a prefixed name and a memo entry for each module it passes
-    # (19 us per forward in a fused SO3ViT, whose first parameters sit three modules deep; this takes 4).
+    # A plain depth-first walk that stops at the first parameter: ``module.parameters()`` would build a prefixed
+    # name and a memo entry for each module it passes.
     for param in module._parameters.values():
         if param is not None and param.is_floating_point():
             return param.dtype

@@ -6,10 +6,8 @@ test suite runs every registered model.
 Heads (from the seed's grid 1, 2, 4, 8) are chosen so that the SO(3)-RoPE degree L grows with
 the width, as the seed argues (Sec. 4.2: wider models allow higher Wigner-D orders and so finer
 positional resolution): four heads at every width, head_dim 32 / 64 / 128 at width 128 / 256 /
-512, i.e. L = 4 / 7 / 10 ((L+1)^2 <= head_dim). At width 128 four heads of 32 are faster than
-two of 64 and keep RoPE's cost low. (Before: eight heads at 256 and 512, L = 4 / 4 / 7.
-Checkpoints of those runs name ``num_heads`` when loaded; add ``num_heads: 8`` to the config's
-model kwargs to load them: the weights are the same shapes.)
+512, i.e. L = 4 / 7 / 10 ((L+1)^2 <= head_dim). At width 128 four heads of 32 are cheaper than
+two of 64 and keep RoPE's cost low.
 
 Parameter counts against Table 1 (``eqvit info so3vit_4x128`` ...): 0.83M / 3.23M / 12.75M /
 50.58M / 101.0M here, 0.98M / 3.54M / 13.37M / 51.12M / 101.45M in the seed. Why they differ,

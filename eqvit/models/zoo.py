@@ -1,4 +1,5 @@
-"""The model zoo as a table, generated from the registry (``eqvit zoo``, the README's model table)."""
+"""The model zoo as a table, generated from the registry (``eqvit zoo``; ``eqvit zoo --markdown`` is the README's
+model table)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,14 @@ def zoo_rows(pattern: str = "*") -> list[ZooRow]:
 def format_count(n: int) -> str:
     """``1234 -> 1.2k``, ``2_500_000 -> 2.50M``."""
     return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{n / 1e3:.1f}k"
+
+
+def zoo_text(rows: list[ZooRow]) -> str:
+    """An aligned plain-text table: name, family, group (order), parameters, input layout."""
+    table = [("model", "family", "equivariant to", "params", "input")]
+    table += [(r.name, r.family, r.group, format_count(r.params), r.input) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4] for row in table)
 
 
 def zoo_markdown(rows: list[ZooRow]) -> str:

@@ -39,9 +39,9 @@ from eqvit.nn.schur import SlabPlan, apply_slabs, slab_plan
 
 IMPLEMENTATIONS = ("auto", "cayley", "fourier", "windows")
 BASES = ("frames", "fourier")
-# impl="auto" takes the Fourier form below this multiply-add ratio. Measured (T, O, I at 1024 tokens,
-# benchmarks/platonic_speed.py): below ~0.21 the Fourier form always won in inference; at 0.24
-# (D4 at 64 tokens, O at C = 16) its per-irrep calls made it slower than the dense GEMM.
+# impl="auto" takes the Fourier form below this multiply-add ratio of the Cayley form: above it, the Fourier
+# form's per-irrep calls cost more than one dense GEMM saves (benchmarks/platonic_speed.py's group-convolution
+# table).
 FOURIER_COST_RATIO = 0.2
 
 

@@ -1,0 +1,634 @@
+"""``docs/benchmarks.md`` from the canonical result files: one table per benchmark, with its command, machine,
+date and load.
+
+Every benchmark under ``benchmarks/`` writes one canonical JSON (and a plot) under ``benchmarks/results/``;
+this script reads them and writes the page, so the page says what the files say. ``--check`` compares
+instead of writing (the test suite runs it: a result changed without the page fails).
+
+Usage: ``python benchmarks/report.py [--check] [--out docs/benchmarks.md]`` (also ``eqvit bench report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eqvit.bench._paths import results_dir
+
+Lines = list[str]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A table cell: floats to ``digits`` significant digits, None as a dash, lists joined."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "nan"
+        if value != 0 and (abs(value) < 10 ** -(digits - 1) or abs(value) >= 10**6):
+            return f"{value:.{max(digits - 1, 1)}e}"
+        return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt(v, digits) for v in value)
+    return str(value)
+
+
+def table(rows: Iterable[dict[str, Any]], columns: Sequence[tuple[str, str | Callable[[dict], Any]]]) -> Lines:
+    """A markdown table: ``columns`` are ``(header, key or function of the row)``."""
+    head = "| " + " | ".join(h for h, _ in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = [
+        "| " + " | ".join(fmt(get(row) if callable(get) else row.get(get)) for _, get in columns) + " |" for row in rows
+    ]
+    return [head, rule, *body]
+
+
+def find(data: Any, keys: tuple[str, ...]) -> list[Any]:
+    """Every value stored under one of ``keys`` anywhere in ``data`` (depth first)."""
+    found = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key in keys:
+                found.append(value)
+            else:
+                found += find(value, keys)
+    elif isinstance(data, list):
+        for item in data:
+            found += find(item, keys)
+    return found
+
+
+def load_range(data: Any) -> str:
+    """The 1-minute load averages recorded in a result, as ``min-max`` (or a dash)."""
+    values = []
+    for value in find(
+        data,
+        (
+            "load",
+            "loadavg",
+            "load_avg_1min",
+            "loadavg_1m",
+            "load_avg",
+            "loadavg_start",
+            "loadavg_end",
+            "load_avg_start",
+            "load_avg_end",
+            "load_avg_1min_per_round",
+        ),
+    ):
+        for item in value if isinstance(value, list) else [value]:
+            number = item[0] if isinstance(item, list) and item else item
+            if isinstance(number, (int, float)) and not isinstance(number, bool):
+                values.append(float(number))
+    if not values:
+        return "not recorded"
+    low, high = min(values), max(values)
+    return f"{low:.1f}" if high - low < 0.05 else f"{low:.1f}-{high:.1f}"
+
+
+def machine_of(data: Any) -> str:
+    """What the result says about the machine: torch version and platform or processor, and threads."""
+    parts = []
+    for keys in (("torch",), ("platform", "machine"), ("threads", "torch_threads")):
+        found = [v for v in find(data, keys) if isinstance(v, (str, int)) and not isinstance(v, bool)]
+        if found:
+            parts.append(f"{keys[0]} {found[0]}")
+    return "; ".join(parts) if parts else "not recorded"
+
+
+def committed_date(path: Path) -> str:
+    """The date of the last commit of ``path`` (``YYYY-MM-DD``), or ``uncommitted``."""
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%cs", "--", str(path)],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        out = ""
+    return out or "uncommitted"
+
+
+# ------------------------------------------------------------------------------------------------ sections
+
+
+@dataclass(frozen=True)
+class Section:
+    """One benchmark: its title, result file (under ``benchmarks/results``), command, what it measures and the
+    table of its result."""
+
+    title: str
+    path: str
+    command: str
+    about: str
+    render: Callable[[dict], Lines]
+    plot: str | None = None
+
+
+def _scale_speed(d: dict) -> Lines:
+    lines = []
+    for size, r in d["sizes"].items():
+        names = list(r["info"])
+        rows = [
+            dict(measure="params (M)", **{n: r["info"][n]["params"] / 1e6 for n in names}),
+            dict(measure="FLOPs / timm", **{n: r["info"][n]["flops_ratio"] for n in names}),
+        ]
+        for f in r["forward"]:
+            label = f"inference b{f['batch']} (x timm)"
+            rows.append(dict(measure=label, **{n: f["models"][n]["ratio"] for n in names}))
+        if r.get("training"):
+            t = r["training"]["models"]
+            rows.append(dict(measure="training step b8 (x timm)", **{n: t[n]["ratio"] for n in names}))
+            rows.append(dict(measure="training memory (x timm)", **{n: t[n]["training_memory_ratio"] for n in names}))
+        lines += [f"ViT-{size[0].upper()}/16:", "", *table(rows, [("", "measure"), *[(n, n) for n in names]]), ""]
+    return lines
+
+
+def _so3vit_vs_s2(d: dict) -> Lines:
+    cols = [
+        ("model", "model"),
+        ("params", "params"),
+        ("tokens", "tokens"),
+        ("forward ms", "forward_ms_median"),
+        ("speed-up over S2Transformer 4x128", "speed_ratio"),
+    ]
+    h = d["headline"]
+    ratios = [
+        dict(
+            ratio=f"{h['candidate']} / {h['reference']} speed-up",
+            training=h["speedup_paired_median"],
+            inference=h["fused_speedup_paired_median"],
+        ),
+        dict(
+            ratio=f"{h['candidate']} over the bare timm blocks",
+            training=h["over_bare_paired_median"],
+            inference=h["fused_over_bare_paired_median"],
+        ),
+        dict(
+            ratio="SO(3)-RoPE over no RoPE",
+            training=h["rope_overhead_paired_median"],
+            inference=h["fused_rope_overhead_paired_median"],
+        ),
+    ]
+    columns = [("paired median ratio", "ratio"), ("training form", "training"), ("inference form", "inference")]
+    return [*table(d["rows"], cols), "", *table(ratios, columns)]
+
+
+def _o2_speed(d: dict) -> Lines:
+    rows = []
+    for r in d["rows"]:
+        for name, m in r["models"].items():
+            rows.append(dict(batch=r["batch"], model=name, ms=m["forward_ms_median"], ratio=m["ratio_to_timm"]))
+    return table(rows, [("batch", "batch"), ("model", "model"), ("forward ms", "ms"), ("x timm", "ratio")])
+
+
+def _platonic_speed(d: dict) -> Lines:
+    cols = [
+        ("case", "case"),
+        ("batch", "batch"),
+        ("|G|", "group_order"),
+        ("tokens", "tokens"),
+        ("ours ms", lambda r: 1e3 * r["ours_s"]),
+        ("timm ms", lambda r: 1e3 * r["timm_s"]),
+        ("ours / timm", "ratio_median"),
+    ]
+    return table(d["models"], cols)
+
+
+def _compile(d: dict) -> Lines:
+    cols = [
+        ("model", "name"),
+        ("form", "form"),
+        ("graph breaks", "graph_breaks"),
+        ("first call s", "first_call_s"),
+        ("eager ms", "eager_ms"),
+        ("compiled ms", "compiled_ms"),
+        ("compiled / eager", "compiled_over_eager"),
+        ("max diff", "max_abs_diff"),
+    ]
+    return table(d["rows"], cols)
+
+
+def _fuse_agreement(d: dict) -> Lines:
+    cols = [("model", "model"), ("dtype", "dtype"), ("relative error", "relative_error")]
+    return table(d["rows"], cols)
+
+
+def _o2_equivariance(d: dict) -> Lines:
+    inv = table(
+        d["invariance"],
+        [
+            ("grid", "grid"),
+            ("group", "group"),
+            ("attention", "attention"),
+            ("elements", "elements"),
+            ("max relative error", "max_relative_error"),
+        ],
+    )
+    res = table(
+        d["restriction"],
+        [
+            ("grid", "grid"),
+            ("G", "group"),
+            ("H", "subgroup"),
+            ("attention", "attention"),
+            ("logits vs G-model", "logits_relative_error"),
+            ("H-invariance", "subgroup_invariance_error"),
+        ],
+    )
+    return ["Invariance (float64, noised parameters):", "", *inv, "", "Restriction to subgroups:", "", *res]
+
+
+def _groups_timing(d: dict) -> Lines:
+    rows = [dict(work=k, best=min(v), median=sorted(v)[len(v) // 2]) for k, v in d["seconds"].items()]
+    return table(rows, [("construction", "work"), ("best s", "best"), ("median s", "median")])
+
+
+def _import_time(d: dict) -> Lines:
+    cols = [("case", "case"), ("median s", "median_s"), ("x import torch, timm", "median_ratio_vs_torch_timm")]
+    return table(d["rows"], cols)
+
+
+def _wigner(d: dict) -> Lines:
+    return table(d["results"], [("what", "name"), ("median ms", "median_ms"), ("us per pose", "us_per_pose")])
+
+
+def _swe_accuracy(d: dict) -> Lines:
+    rows = [
+        {**v, "model": k, **{f"m_{key}": val for key, val in v.get("metrics", {}).items()}}
+        for k, v in d["results"].items()
+    ]
+    cols = [
+        ("model", "model"),
+        ("params", "params"),
+        ("steps", "steps"),
+        ("rel L2", "m_rel_l2"),
+        ("rel L1", "m_rel_l1"),
+        ("beats persistence", "beats_persistence_l2"),
+    ]
+    return table(rows, cols)
+
+
+def _swe_rollout(d: dict) -> Lines:
+    cols = [
+        ("lead h", "lead_hours"),
+        ("rel L2", "rel_l2"),
+        ("persistence rel L2", "persistence_rel_l2"),
+        ("rel L1", "rel_l1"),
+        ("persistence rel L1", "persistence_rel_l1"),
+    ]
+    return [f"{d['model']}, {d['num_initial_conditions']} validation initial conditions:", "", *table(d["steps"], cols)]
+
+
+def _so3vit_sweep(d: dict) -> Lines:
+    cols = [
+        ("cell", "label"),
+        ("params", "params"),
+        ("s / step", "seconds_per_step"),
+        ("rel L2", "rel_l2"),
+        ("rel L1", "rel_l1"),
+    ]
+    return [
+        *table(d["rows"], cols),
+        "",
+        f"Pareto front: {', '.join(d['pareto_front'])}; persistence rel L2 {fmt(d['persistence_rel_l2'])}.",
+    ]
+
+
+def _o2_data_efficiency(d: dict) -> Lines:
+    cols = [
+        ("grid", "grid"),
+        ("group", "group"),
+        ("ratio", "ratio"),
+        ("params", "params"),
+        ("accuracy", "accuracy_mean"),
+        ("std", "accuracy_std"),
+        ("seeds", lambda r: len(r["seeds"])),
+    ]
+    return table(d["summary"], cols)
+
+
+def _o2_gsets(d: dict) -> Lines:
+    cols = [
+        ("MLP G-set", "gset"),
+        ("q", "q"),
+        ("A1 fraction", "a1_fraction"),
+        ("params", "params"),
+        ("accuracy", "accuracy_mean"),
+        ("std", "accuracy_std"),
+    ]
+    return table(d["summary"], cols)
+
+
+def _by_group(summary: dict) -> Lines:
+    rows = [dict(frames=k, **v) for k, v in summary.items()]
+    cols = [
+        ("frames", "frames"),
+        ("params", "params"),
+        ("test, SO(3)-rotated", "test_so3_mean"),
+        ("std", "test_so3_std"),
+        ("test, upright", "test_none_mean"),
+        ("train s", "train_s_mean"),
+    ]
+    return table(rows, cols)
+
+
+def _ablate_images(d: dict) -> Lines:
+    cols = [
+        ("dataset", "dataset"),
+        ("model", "label"),
+        ("ratio", "ratio"),
+        ("params", "params"),
+        ("accuracy", "mean"),
+        ("std", "std"),
+        ("seeds", "seeds"),
+    ]
+    return table(d["summary"], cols)
+
+
+def _ablate_swe(d: dict) -> Lines:
+    cols = [
+        ("model", "label"),
+        ("params", "params"),
+        ("steps", "steps"),
+        ("s / step", "seconds_per_step"),
+        ("rel L2", "rel_l2"),
+        ("rel L1", "rel_l1"),
+        ("polar ratio", "polar_error_ratio"),
+    ]
+    return [*table(d["rows"], cols), "", f"Persistence rel L2 {fmt(d['persistence']['rel_l2'])}."]
+
+
+def _platonic_head_fit(d: dict) -> Lines:
+    cols = [("model", "model"), ("first loss", "loss_first"), ("last loss", "loss_last"), ("s / step", "s_per_step")]
+    return table(d["rows"], cols)
+
+
+def _qm9(d: dict) -> Lines:
+    rows = []
+    for r in d["records"]:
+        test = r["test_mae"]
+        rows.append(
+            dict(
+                model=r["model"],
+                seed=r["seed"],
+                params=r["params"],
+                epochs=r["epochs"],
+                **{f"mae {k}": v for k, v in test.items()},
+            )
+        )
+    targets = sorted({k for r in rows for k in r if k.startswith("mae ")})
+    cols = [("model", "model"), ("seed", "seed"), ("params", "params"), ("epochs", "epochs")]
+    return table(rows, cols + [(f"test {k}", k) for k in targets])
+
+
+def _rows(keys: Sequence[tuple[str, str]]) -> Callable[[Any], Lines]:
+    """A table of a result that is a list of rows (or has ``rows``)."""
+
+    def render(d: Any) -> Lines:
+        return table(d if isinstance(d, list) else d["rows"], keys)
+
+    return render
+
+
+SECTIONS = (
+    Section(
+        "ViT-S/B scale: timm, the D4 models, octic-vits",
+        "scale_speed.json",
+        "python benchmarks/scale_speed.py --sizes small base --batches 1 8 --threads 1 --rounds 5 --train-rounds 3",
+        "Inference (eqvit.fuse) and training step (forward, backward, AdamW; batch 8; training form) as ratios "
+        "to timm's vit_small/base_patch16_224 in interleaved rounds; training memory is the whole iteration's "
+        "peak of tensor memory.",
+        _scale_speed,
+    ),
+    Section(
+        "SO3ViT against torch-harmonics' S2Transformer",
+        "so3vit_vs_s2transformer.json",
+        "python benchmarks/so3vit_vs_s2transformer.py --threads 1 --batches 1 --repeats 40 --no-memory",
+        "Forward time per model, interleaved; the bare timm blocks on the same tokens; SO(3)-RoPE against none.",
+        _so3vit_vs_s2,
+    ),
+    Section(
+        "O(2) models at the seed's width",
+        "o2_speed.json",
+        "python benchmarks/o2_speed.py --batches 1 16 --threads 1 --repeats 30",
+        "o2vit_square_s (D4, width 48) against a timm ViT of the same width and tokens.",
+        _o2_speed,
+    ),
+    Section(
+        "Platonic Transformers against timm at equal width",
+        "platonic_speed.json",
+        "python benchmarks/platonic_speed.py --threads 1",
+        "Each Platonic model against a timm ViT of the same total width, tokens, depth and heads.",
+        _platonic_speed,
+    ),
+    Section(
+        "torch.compile",
+        "compile.json",
+        "python benchmarks/compile.py",
+        "torch.compile(model, fullgraph=True) with Inductor against eager, per family and form.",
+        _compile,
+    ),
+    Section(
+        "Inference form agreement",
+        "fuse_agreement.json",
+        "python benchmarks/fuse_agreement.py",
+        "eqvit.fuse(model) against the training form, every registered model.",
+        _fuse_agreement,
+    ),
+    Section(
+        "O(2) equivariance and restriction",
+        "o2_equivariance.json",
+        "python benchmarks/o2_equivariance.py",
+        "Every group of both lattices and both attention layouts; restriction computes the same function.",
+        _o2_equivariance,
+    ),
+    Section(
+        "Group construction",
+        "groups_timing.json",
+        "python benchmarks/groups_timing.py",
+        "Building the Platonic groups with their irreps.",
+        _groups_timing,
+    ),
+    Section(
+        "Import time",
+        "import_time.json",
+        "python benchmarks/import_time.py",
+        "`import eqvit` and `eqvit list` against `import torch, timm`.",
+        _import_time,
+    ),
+    Section(
+        "Wigner-D matrices",
+        "wigner_timing.json",
+        "python benchmarks/wigner_timing.py",
+        "Batched real Wigner-D matrices of random rotations.",
+        _wigner,
+    ),
+    Section(
+        "Shallow water: SO3ViT, the learned-APE ViT, S2Transformer",
+        "swe_accuracy/swe_accuracy.json",
+        "python benchmarks/swe_accuracy.py",
+        "The same training time per model, scored on the validation states.",
+        _swe_accuracy,
+        plot="swe_accuracy/so3vit_4x128/error_map.png",
+    ),
+    Section(
+        "Shallow water: rollout of the main job's model",
+        "swe_rollout/rollout.json",
+        "eqvit eval configs/so3vit_swe_demo.yaml --checkpoint runs/so3vit_swe_demo/best.safetensors --rollout 16 "
+        "--out benchmarks/results/swe_rollout",
+        "Autoregressive rollout against persistence (predicting the input).",
+        _swe_rollout,
+        plot="swe_rollout/rollout.png",
+    ),
+    Section(
+        "SO3ViT depth x heads x width sweep (CPU grid)",
+        "so3vit_sweep/so3vit_sweep.json",
+        "python benchmarks/so3vit_sweep.py --threads 1",
+        "Accuracy against time per epoch.",
+        _so3vit_sweep,
+        plot="so3vit_sweep/pareto.png",
+    ),
+    Section(
+        "O(2) seed: data efficiency on rotated MNIST",
+        "o2_data_efficiency/summary.json",
+        "python benchmarks/o2_data_efficiency.py",
+        "Accuracy per group and training fraction.",
+        _o2_data_efficiency,
+        plot="o2_data_efficiency/accuracy_vs_params.png",
+    ),
+    Section(
+        "O(2) seed: MLP G-sets",
+        "o2_gsets/results.json",
+        "python benchmarks/o2_gsets.py",
+        "The homogeneous spaces of the Fourier MLP.",
+        _o2_gsets,
+        plot="o2_gsets/accuracy_vs_a1_fraction.png",
+    ),
+    Section(
+        "Platonic point clouds",
+        "platonic_pointcloud/results.json",
+        "python benchmarks/platonic_pointcloud.py",
+        "Synthetic shapes per frame group, tested on SO(3)-rotated and upright clouds.",
+        lambda d: _by_group(d["summary"]),
+        plot="platonic_pointcloud/accuracy.png",
+    ),
+    Section(
+        "Platonic classifier heads",
+        "platonic_head_fit.json",
+        "python benchmarks/platonic_head_fit.py",
+        "How fast each head fits a few digits.",
+        _platonic_head_fit,
+    ),
+    Section(
+        "QM9 properties",
+        "qm9.json",
+        "python benchmarks/qm9.py",
+        "Test MAE per model at equal time.",
+        _qm9,
+        plot="qm9_curves.png",
+    ),
+    Section(
+        "Ablation: image models",
+        "ablate/images/results.json",
+        "python benchmarks/ablate.py images",
+        "Rotated MNIST across families and groups.",
+        _ablate_images,
+        plot="ablate/images/accuracy_vs_params_rotated_mnist.png",
+    ),
+    Section(
+        "Ablation: point-cloud frames",
+        "ablate/points/results.json",
+        "python benchmarks/ablate.py points",
+        "The frame groups on synthetic point clouds.",
+        lambda d: _by_group(d["summary"]),
+        plot="ablate/points/accuracy.png",
+    ),
+    Section(
+        "Ablation: shallow water",
+        "ablate/swe/results.json",
+        "python benchmarks/ablate.py swe",
+        "Positional schemes and sphere models at equal time.",
+        _ablate_swe,
+        plot="ablate/swe/pareto_l2_vs_time.png",
+    ),
+)
+
+# Results of benchmarks that write their own canonical file once they have run (added when present).
+OPTIONAL_SECTIONS: tuple[Section, ...] = ()
+
+
+# ------------------------------------------------------------------------------------------------ page
+
+
+def render_section(section: Section, root: Path) -> Lines:
+    path = root / section.path
+    data = json.loads(path.read_text())
+    lines = [
+        f"## {section.title}",
+        "",
+        section.about,
+        "",
+        f"`{section.command}` → `benchmarks/results/{section.path}`; machine: {machine_of(data)}; date "
+        f"{committed_date(path)}; load {load_range(data)}.",
+        "",
+        *section.render(data),
+    ]
+    if section.plot and (root / section.plot).is_file():
+        lines += ["", f"![{section.title}](../benchmarks/results/{section.plot})"]
+    return [*lines, ""]
+
+
+def render(root: Path | None = None) -> str:
+    """The whole page from the results under ``root`` (default ``benchmarks/results``)."""
+    root = root or results_dir()
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `python benchmarks/report.py` from the canonical result files under `benchmarks/results/` "
+        "(do not edit by hand). Every figure was measured on the project's shared 2-core CPU machine (no GPU), "
+        "float32, ratios side by side in one process in interleaved rounds; the load average recorded with each "
+        "result is shown (another job ran beside most of them).",
+        "",
+    ]
+    for section in SECTIONS + OPTIONAL_SECTIONS:
+        if (root / section.path).is_file():
+            lines += render_section(section, root)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+    parser.add_argument("--out", default=str(default), help="the page to write (default docs/benchmarks.md)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page differs from the results")
+    args = parser.parse_args(argv)
+    page, out = render(), Path(args.out)
+    if args.check:
+        if not out.is_file() or out.read_text() != page:
+            print(f"{out} is not the page the results give: run python benchmarks/report.py", file=sys.stderr)
+            return 1
+        print(f"{out} matches the results")
+        return 0
+    out.write_text(page)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
