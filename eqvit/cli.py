@@ -1,13 +1,18 @@
 """Command line interface: ``eqvit`` / ``python -m eqvit``.
 
 Every user error (bad config, unknown model, corrupt checkpoint, an output path that cannot be
-written) ends with a one-paragraph message and exit code 2, never a traceback.
+written) ends with a one-paragraph message and exit code 2, never a traceback. ``train`` stopped by
+SIGINT (Ctrl-C), SIGTERM or SIGHUP writes the checkpoint of its last completed step and exits with
+the shell's code for the signal (130, 143, 129); an error in a training step writes that checkpoint
+too before it is reported. ``eval`` exits 1 when the model's metrics are not finite (a diverged
+model; ``--json`` writes them as null).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import signal
 import sys
 
 
@@ -24,6 +29,27 @@ def _int_at_least(low: int):
     return parse
 
 
+def _path(text: str) -> str:
+    """A path argument: any text but the empty one (which would silently mean the current folder or a default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
+# ``eqvit groups`` lists subgroups up to conjugacy, which takes tens of seconds beyond this order.
+MAX_TABLE_ORDER = 240
+
+
+def _table_order(name: str) -> int | None:
+    """The order of the built-in group ``name`` without building it (None for another name)."""
+    import re
+
+    match = re.fullmatch(r"([CD])([1-9]\d*)", name)
+    if match is not None:
+        return int(match.group(2)) * (1 if match.group(1) == "C" else 2)
+    return {"T": 12, "O": 24, "I": 60, "trivial": 1}.get(name)
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -38,6 +64,14 @@ def _cmd_groups(args: argparse.Namespace) -> int:
     from eqvit.groups import get_group, list_groups
 
     names = args.names or list_groups(max_n=6)
+    for name in names:
+        order = _table_order(name)
+        if order is not None and order > MAX_TABLE_ORDER:
+            raise ValueError(
+                f"eqvit groups tabulates groups of order <= {MAX_TABLE_ORDER} (their subgroups up to conjugacy take "
+                f"minutes beyond); {name} has order {order}. Use eqvit.groups.get_group({name!r}) in Python for "
+                "its elements and irreps"
+            )
     print(f"{'group':<7} {'order':>5} {'d':>2}  {'classes':>7} {'subgroups':>9}  irreps (name:dim[type])")
     for name in names:
         G = get_group(name)
@@ -55,19 +89,19 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_onnx(checkpoint: str, out: str) -> int:
+def _export_onnx(checkpoint: str, out: str, overwrite: bool) -> int:
     """The checkpoint's model, folded for inference (``eqvit.fuse``), as an ONNX file with a free batch size,
     verified in onnxruntime against eager PyTorch."""
     import eqvit
     from eqvit.deploy import export_onnx, require_onnx
-    from eqvit.train.checkpoint import check_output_file, load_checkpoint
+    from eqvit.train.checkpoint import check_export_target, load_checkpoint, recorded_model
 
     require_onnx()  # before the checkpoint is read
     _, sidecar = load_checkpoint(checkpoint)
-    config = (sidecar.get("config") or {}).get("model") or {}
-    if not isinstance(config, dict) or "name" not in config:
+    config = recorded_model(sidecar, checkpoint)
+    if "name" not in config:
         raise ValueError(f"checkpoint {checkpoint} records no model name (config.model.name) to build its model from")
-    check_output_file(out, "the export target")
+    check_export_target(checkpoint, out, overwrite)
     model = eqvit.create_model(config["name"], checkpoint_path=checkpoint, **(config.get("kwargs") or {}))
     err = export_onnx(eqvit.fuse(model), out)
     print(f"wrote {out} ({config['name']}, batch size free; onnxruntime matches PyTorch to {err:.1e} relative)")
@@ -95,6 +129,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from eqvit.train.config import load_config
     from eqvit.train.engine import train
+    from eqvit.train.signals import stop_signals
 
     config = load_config(args.config)
     if args.checkpoint_every is not None:
@@ -105,14 +140,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         config.train.amp = True
     if args.compile:
         config.train.compile = True
-    summary = train(
-        config,
-        out_dir=args.out,
-        max_steps=args.max_steps,
-        max_minutes=args.max_minutes,
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
+    with stop_signals():  # SIGTERM and SIGHUP save a checkpoint as Ctrl-C does
+        summary = train(
+            config,
+            out_dir=args.out,
+            max_steps=args.max_steps,
+            max_minutes=args.max_minutes,
+            resume=args.resume,
+            overwrite=args.overwrite,
+        )
     if summary["steps"] == 0:
         print("eqvit: error: no training step was run", file=sys.stderr)
         return 1
@@ -159,12 +195,45 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.json:  # found before the evaluation, not after it
         check_output_file(args.json, "--json")
     result = evaluate_checkpoint(config, args.checkpoint)
+    bad = _non_finite(result)
+    if bad:
+        print(
+            f"eqvit: warning: the model's metrics are not finite ({', '.join(bad[:6])}): it has diverged"
+            f"{'; they are written as null' if args.json else ''}",
+            file=sys.stderr,
+        )
     if args.json:
         import json
 
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        Path(args.json).write_text(json.dumps(_finite_or_null(result), indent=2, allow_nan=False))
         print(f"wrote {args.json}")
-    return 0
+    return 1 if bad else 0
+
+
+def _non_finite(value, where: str = "") -> list[str]:
+    """``["metrics.rel_l2", ...]``: where ``value`` (nested dicts and lists) holds a NaN or an infinity."""
+    import math
+
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [where or "value"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, f"{where}[{i}]")]
+    return []
+
+
+def _finite_or_null(value):
+    """``value`` with every NaN and infinity replaced by None (JSON has no NaN)."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
@@ -181,12 +250,12 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from eqvit.train.checkpoint import export_weights
+    from eqvit.train.checkpoint import export_weights, recorded_model
 
     if Path(args.out).suffix == ".onnx":
-        return _export_onnx(args.checkpoint, args.out)
-    out, sidecar = export_weights(args.checkpoint, args.out)
-    model = (sidecar.get("config") or {}).get("model") or {}
+        return _export_onnx(args.checkpoint, args.out, args.overwrite)
+    out, sidecar = export_weights(args.checkpoint, args.out, overwrite=args.overwrite)
+    model = recorded_model(sidecar, args.checkpoint)
     name, kwargs = model.get("name", "<model name>"), model.get("kwargs") or {}
     extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
     print(f"wrote {out} (the model's state dict, step {sidecar.get('step', '?')})")
@@ -231,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_zoo)
 
     p = sub.add_parser("train", help="train from a YAML config")
-    p.add_argument("config", help="YAML experiment config, e.g. configs/o2vit_rotmnist.yaml")
-    p.add_argument("--out", help="output folder (default: train.out of the config)")
+    p.add_argument("config", type=_path, help="YAML experiment config, e.g. configs/o2vit_rotmnist.yaml")
+    p.add_argument("--out", type=_path, help="output folder (default: train.out of the config)")
     p.add_argument("--max-steps", type=_int_at_least(1), help="stop after N >= 1 steps")
     p.add_argument("--max-minutes", type=_positive_float, help="stop after M > 0 minutes of training")
     again = p.add_mutually_exclusive_group()
@@ -250,24 +319,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("eval", help="score a checkpoint on the validation set")
-    p.add_argument("config")
-    p.add_argument("--checkpoint", required=True, help="path to last.safetensors")
-    p.add_argument("--json", help="also write the metrics to this JSON file")
+    p = sub.add_parser(
+        "eval",
+        help="score a checkpoint on the validation set (exit 1 when the metrics are not finite)",
+        description="Score a checkpoint on the validation set. Exit code 0; 1 when the model's metrics are not "
+        "finite (a diverged model; --json writes them as null); 2 on a user error.",
+    )
+    p.add_argument("config", type=_path)
+    p.add_argument("--checkpoint", type=_path, required=True, help="path to last.safetensors")
+    p.add_argument("--json", type=_path, help="also write the metrics to this JSON file")
     p.add_argument(
         "--rollout",
         type=_int_at_least(1),
         metavar="N",
         help="shallow water: feed the model its own predictions N steps",
     )
-    p.add_argument("--out", help="with --rollout: folder for rollout.json and rollout.png")
+    p.add_argument("--out", type=_path, help="with --rollout: folder for rollout.json and rollout.png")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("sample", help="sample molecules from a generative checkpoint and score them (gen extra)")
-    p.add_argument("config", help="YAML experiment config with data.name qm9_generation, e.g. configs/dip_qm9.yaml")
-    p.add_argument("--checkpoint", required=True, help="path to best.safetensors or last.safetensors")
+    p.add_argument(
+        "config", type=_path, help="YAML experiment config with data.name qm9_generation, e.g. configs/dip_qm9.yaml"
+    )
+    p.add_argument("--checkpoint", type=_path, required=True, help="path to best.safetensors or last.safetensors")
     p.add_argument("--num", type=_int_at_least(1), default=1000, help="molecules to sample (default 1000)")
-    p.add_argument("--out", required=True, help="folder for samples.sdf, samples.xyz, metrics.json, molecules.png")
+    p.add_argument(
+        "--out", type=_path, required=True, help="folder for samples.sdf, samples.xyz, metrics.json, molecules.png"
+    )
     p.add_argument("--seed", type=_int_at_least(0), default=0, help="seed of the atom counts and the noise")
     p.add_argument("--steps", type=_int_at_least(1), help="sampling steps (default: data.diffusion.steps)")
     p.set_defaults(func=_cmd_sample)
@@ -275,12 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export", help="write a checkpoint's model as a plain state dict (.safetensors, for timm) or as ONNX (.onnx)"
     )
-    p.add_argument("checkpoint", help="path to last.safetensors")
+    p.add_argument("checkpoint", type=_path, help="path to last.safetensors")
     p.add_argument(
         "out",
+        type=_path,
         help="OUT.safetensors: the state dict, load it with timm.create_model(name, checkpoint_path=OUT); "
-        "OUT.onnx: the inference form with a free batch size, checked in onnxruntime (onnx extra)",
+        "OUT.onnx: the inference form with a free batch size, checked in onnxruntime (onnx extra); never the "
+        "checkpoint itself",
     )
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("info", help="parameters, group, input shape and defaults of a model")
@@ -300,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_paragraph(text: str) -> str:
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def _with_notes(text: str, err: BaseException) -> str:
+    """``text`` followed by the notes the engine added to ``err`` (where the last checkpoint is)."""
+    notes = [str(n) for n in getattr(err, "__notes__", ())]
+    return _one_paragraph("; ".join([text.rstrip(". "), *notes]) if notes else text)
 
 
 def _describe_os_error(err: OSError) -> str:
@@ -346,11 +433,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ConfigError, CheckpointError, ValueError, FloatingPointError) as err:
-        print(f"eqvit: error: {_one_paragraph(str(err))}", file=sys.stderr)
+        print(f"eqvit: error: {_with_notes(str(err), err)}", file=sys.stderr)
         return 2
     except OSError as err:  # a path that cannot be read or written: permissions, a full disk, a file for a folder
-        print(f"eqvit: error: {_describe_os_error(err)}", file=sys.stderr)
+        print(f"eqvit: error: {_with_notes(_describe_os_error(err), err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("eqvit: interrupted (a checkpoint was written if training had started)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (eqvit.train.signals.Interrupted)
+        signum = getattr(err, "signum", signal.SIGINT)
+        notes = "".join(f"; {note}" for note in getattr(err, "__notes__", ()))
+        print(f"eqvit: interrupted by {signal.Signals(signum).name}{notes}", file=sys.stderr)
+        return 128 + signum

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -49,6 +50,27 @@ def check_range(where: str, value: Any, low: float, *, strict: bool = False, opt
         raise ConfigError(f"{where}: expected a value {bound}{extra}, got {value!r}")
 
 
+def check_finite(where: str, value: Any) -> None:
+    """ConfigError for a NaN or an infinity anywhere in ``value`` (a number, or the numbers in nested mappings and
+    lists): validation by ranges lets NaN through, and a run with it trains NaN weights."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_finite(f"{where}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            check_finite(f"{where}[{index}]", item)
+
+
+def check_finite_fields(section: Any, where: str) -> None:
+    """:func:`check_finite` on every field of the dataclass ``section`` (named ``where.<field>``)."""
+    for item in dataclasses.fields(section):
+        value = getattr(section, item.name)
+        if not dataclasses.is_dataclass(value):
+            check_finite(f"{where}.{item.name}", value)
+
+
 def check_device(where: str, value: str) -> None:
     """``cpu``, ``cuda`` or ``cuda:N``."""
     if not re.fullmatch(r"cpu|cuda(:\d+)?", str(value)):
@@ -69,6 +91,7 @@ class RelaxationConfig:
     schedule: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "model.relaxation")
         check_choice("model.relaxation.unit", "unit", self.unit, RELAXATION_UNITS)
         negative = [k for k in self.schedule if k < 0]
         if negative:
@@ -80,6 +103,9 @@ class ModelConfig:
     name: str = "so3vit_tiny"
     kwargs: dict[str, Any] = field(default_factory=dict)
     relaxation: RelaxationConfig = field(default_factory=RelaxationConfig)
+
+    def __post_init__(self) -> None:
+        check_finite_fields(self, "model")
 
 
 @dataclass
@@ -106,6 +132,7 @@ class DiffusionConfig:
     def __post_init__(self) -> None:
         from eqvit.diffusion import SAMPLERS, SCHEDULES, TARGETS, WEIGHTINGS
 
+        check_finite_fields(self, "data.diffusion")
         check_choice("data.diffusion.schedule", "noise schedule", self.schedule, SCHEDULES)
         check_choice("data.diffusion.target", "target", self.target, TARGETS)
         check_choice("data.diffusion.weighting", "loss weighting", self.weighting, WEIGHTINGS)
@@ -159,6 +186,7 @@ class DataConfig:
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data")
         for key in ("batch_size", "val_batch_size", "num_val", "nlat", "nlon", "steps_per_trajectory", "num_points"):
             check_range(f"data.{key}", getattr(self, key), 1)
         check_range("data.num_train", self.num_train, 0)
@@ -181,6 +209,7 @@ class OptimConfig:
     grad_clip: float | None = 1.0
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "optim")
         check_choice("optim.name", "optimiser", self.name, OPTIMIZERS)
         check_range("optim.lr", self.lr, 0, strict=True)
         check_range("optim.weight_decay", self.weight_decay, 0)
@@ -196,6 +225,7 @@ class ScheduleConfig:
     factor: float = 0.5
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "schedule")
         check_choice("schedule.name", "schedule", self.name, SCHEDULES)
         check_range("schedule.warmup_steps", self.warmup_steps, 0)
         check_range("schedule.min_lr", self.min_lr, 0)
@@ -248,6 +278,9 @@ class TrainConfig:
     grad_checkpointing: bool = False  # recompute block activations in backward (less memory)
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "train")
+        if not self.out.strip():
+            raise ConfigError("train.out: expected a folder name, got an empty string")
         check_range("train.rollout_steps", self.rollout_steps, 1)
         for step, k in self.rollout_schedule.items():
             check_range(f"train.rollout_schedule key {step!r} (an optimiser step)", step, 0)
@@ -309,6 +342,7 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
+        check_finite(where, float(value))
         return float(value)
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -341,13 +375,40 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
     return cls(**kwargs)
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping of a YAML file names one key twice (YAML keeps the last silently)."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {line} (first at line {first})")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key, line = self.construct_object(key_node, deep=deep), key_node.start_mark.line + 1
+            try:
+                if key in first:
+                    raise DuplicateKeyError(key, line, first[key])
+                first[key] = line
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate a YAML experiment config."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); is it a YAML config?") from None
     return from_dict(ExperimentConfig, data, where=str(path))

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import json
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,16 +53,21 @@ from eqvit.models import create_model
 from eqvit.train.checkpoint import (
     CheckpointError,
     OutputDirError,
+    RunLock,
     check_model_config,
+    check_out_path,
+    check_resume_state,
+    clean_stale_temporaries,
     load_checkpoint,
     load_model_state,
-    load_optimizer_state,
     normalise_model_config,
     prepare_output_dir,
+    restore_optimizer_state,
     save_checkpoint,
 )
 from eqvit.train.config import ConfigError, ExperimentConfig, RelaxationConfig, ScheduleConfig
 from eqvit.train.multistep import check_multistep, rollout_events, rollout_steps_at, unrolled_loss
+from eqvit.train.signals import Interrupted, shielded, stop_signals
 from eqvit.train.tasks import Task, build_task, check_dataset_name
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
@@ -213,15 +220,55 @@ def build_model(config: ExperimentConfig) -> nn.Module:
         raise ConfigError(f"cannot build model {name!r} from model.kwargs {kwargs}: {err}") from None
 
 
+RUN_FILES = ("last.safetensors", "last.json", "best.safetensors", "best.json")
+
+
 def check_no_previous_run(out: str | Path) -> None:
-    """OutputDirError when ``out`` already holds a run's checkpoint (``train`` without resume / overwrite)."""
+    """OutputDirError when ``out`` already holds a run's checkpoint, its last or its best one (``train``
+    without resume / overwrite)."""
     out = Path(out)
-    previous = [p.name for p in (out / "last.safetensors", out / "last.json") if p.exists()]
-    if previous:
+    previous = [name for name in RUN_FILES if (out / name).exists()]
+    if not previous:
+        return
+    if not (out / "last.safetensors").exists():
         raise OutputDirError(
-            f"{out} already holds a run ({', '.join(previous)}); pass --resume to continue it, --overwrite to "
-            "replace its checkpoint with a new run, or choose another --out"
+            f"{out} already holds a run's best model ({', '.join(previous)}) but no last checkpoint to resume from; "
+            "pass --overwrite to replace it with a new run, or choose another --out"
         )
+    raise OutputDirError(
+        f"{out} already holds a run ({', '.join(previous)}); pass --resume to continue it, --overwrite to "
+        "replace its checkpoints with a new run, or choose another --out"
+    )
+
+
+def check_resumable(out: str | Path) -> None:
+    """OutputDirError for ``--resume`` into a folder with a best model but no last checkpoint (the best one
+    keeps no optimiser or data state, and a fresh start would replace it)."""
+    out = Path(out)
+    if not (out / "last.safetensors").exists() and (out / "best.safetensors").exists():
+        raise OutputDirError(
+            f"{out} holds a best model (best.safetensors) but no last.safetensors to resume from; pass --overwrite "
+            "to replace it with a new run, or choose another --out"
+        )
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its ancestors that do not exist yet, deepest first."""
+    missing = []
+    for path in (folder, *folder.absolute().parents):
+        if path.exists() or path.is_symlink():
+            break
+        missing.append(path)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the ``folders`` (deepest first) that are empty; stop at the first that is not."""
+    for path in folders:
+        try:
+            path.rmdir()
+        except OSError:
+            return
 
 
 def restrict_model(model: nn.Module, subgroup: str) -> nn.Module:
@@ -444,7 +491,9 @@ class Trainer:
             if config.model.relaxation.schedule:
                 raise ValueError("give the relaxation schedule once: model.relaxation or relaxation=, not both")
             config.model.relaxation = RelaxationConfig(unit="epoch", schedule=dict(relaxation.schedule))
-        self.out = Path(out_dir or tcfg.out)
+        if write:
+            check_out_path(out_dir, "--out")
+        self.out = Path(out_dir if out_dir is not None else tcfg.out)
         self.device = torch.device(tcfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("train.device is 'cuda' but no CUDA device is available; use --device cpu")
@@ -459,8 +508,24 @@ class Trainer:
                 f"data.batch_size {config.data.batch_size} must be divisible by the {self.dist.world_size} processes"
             )
         self.progress = progress and self.dist.is_main
+        self._lock: RunLock | None = None
+        self._saved_at: int | None = None  # the step of the checkpoint last written or resumed from
+        self._step_start: tuple[int, dict[str, torch.Tensor]] | None = None  # (step, RNG states) as it began
+        created = _missing_folders(self.out)
         if self.dist.is_main and write:  # a folder that cannot take the checkpoint is found now, not after training
             prepare_output_dir(self.out)
+            self._lock = RunLock.acquire(self.out)
+            clean_stale_temporaries(self.out)  # only the lock's holder may: a running writer's would go too
+        try:
+            self._setup(model, task)
+        except BaseException:
+            self.close()
+            _remove_empty(created if self.dist.is_main and write else [])  # a failed start leaves no empty folder
+            raise
+
+    def _setup(self, model: nn.Module | None, task: Task | None) -> None:
+        """Build (or take) the model and the task, the optimiser and the schedule: the rest of ``__init__``."""
+        config, tcfg = self.config, self.config.train
         if task is None:
             check_dataset_name(config.data.name)
         if model is None:
@@ -493,6 +558,12 @@ class Trainer:
         # time-based schedule count only these, so interleaved runs share a machine fairly.
         self.train_seconds = 0.0
         self.writer = self._tensorboard()
+
+    def close(self) -> None:
+        """Release the output folder's lock (:class:`~eqvit.train.checkpoint.RunLock`); idempotent."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ------------------------------------------------------------------ state
     def _horizon(self) -> int:
@@ -563,11 +634,26 @@ class Trainer:
             return None
         return SummaryWriter(str(self.out / "tensorboard"))
 
-    def _rng_tensors(self) -> dict[str, torch.Tensor]:
+    def _current_rng(self) -> dict[str, torch.Tensor]:
         return {"rng.torch": torch.get_rng_state(), "rng.data": self.task.data_state()}
 
-    def save(self, metrics: dict[str, Any] | None = None) -> None:
-        """Atomically write ``OUT/last.safetensors`` + ``OUT/last.json`` (rank 0; nothing without ``write``)."""
+    def _rng_tensors(self) -> dict[str, torch.Tensor]:
+        """The RNG states that continue the run from ``self.step``: those from before a step that began but did
+        not complete (it drew its batch and dropout noise already), else the current ones."""
+        if self._step_start is not None and self._step_start[0] == self.step:
+            return self._step_start[1]
+        return self._current_rng()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out / "last.safetensors"
+
+    def save(self, metrics: dict[str, Any] | None = None, barrier: bool = True) -> None:
+        """Atomically write ``OUT/last.safetensors`` + ``OUT/last.json`` (rank 0; nothing without ``write``).
+
+        Stop signals wait until the write is complete; ``barrier=False`` skips the wait for the other ranks
+        (a run that stops on an error or a signal that may not have reached them).
+        """
         if not self.write:
             return
         if self.dist.is_main:
@@ -579,32 +665,36 @@ class Trainer:
                 "relaxed": self.relaxed,
                 "model_config": self.model_config,
             }
-            save_checkpoint(
-                self.out,
-                self.model,
-                step=self.step,
-                config=self.config.to_dict(),
-                metrics=metrics,
-                optimizer=self.optimizer,
-                extra=extra,
-                extra_tensors=self._rng_tensors(),
-            )
-        self.dist.barrier()
+            with shielded():
+                save_checkpoint(
+                    self.out,
+                    self.model,
+                    step=self.step,
+                    config=self.config.to_dict(),
+                    metrics=metrics,
+                    optimizer=self.optimizer,
+                    extra=extra,
+                    extra_tensors=self._rng_tensors(),
+                )
+                self._saved_at = self.step
+        if barrier:
+            self.dist.barrier()
 
     def save_best(self, metrics: dict[str, Any]) -> None:
         """Write the model as ``OUT/best.safetensors`` + ``best.json`` (weights, config, step, the evaluation;
         no optimiser: ``eqvit eval`` / ``export`` read it, resuming reads ``last``). Rank 0 only."""
         if not self.write or not self.dist.is_main:
             return
-        save_checkpoint(
-            self.out,
-            self.model,
-            step=self.step,
-            config=self.config.to_dict(),
-            metrics=_eval_row(self.step, metrics),
-            extra={"relaxed": list(self.relaxed), "model_config": self.model_config},
-            name="best",
-        )
+        with shielded():
+            save_checkpoint(
+                self.out,
+                self.model,
+                step=self.step,
+                config=self.config.to_dict(),
+                metrics=_eval_row(self.step, metrics),
+                extra={"relaxed": list(self.relaxed), "model_config": self.model_config},
+                name="best",
+            )
 
     def resume(self, path: str | Path | None = None) -> bool:
         """Restore everything from ``path`` (default ``OUT/last.safetensors``); False if absent."""
@@ -612,9 +702,8 @@ class Trainer:
         if not path.is_file():
             return False
         tensors, sidecar = load_checkpoint(path)
-        if "step" not in sidecar or "history" not in sidecar:
-            raise CheckpointError(f"checkpoint {path} lacks the training state needed to resume (step, history)")
         check_model_config(sidecar, self.config.model.name, self.config.model.kwargs, self.model, str(path))
+        check_resume_state(tensors, sidecar, path)
         relaxed = list(sidecar.get("relaxed", []))
         if relaxed != [name for _, name in self.relaxations[: len(relaxed)]]:
             raise CheckpointError(
@@ -623,15 +712,47 @@ class Trainer:
         for name in relaxed:
             self._relax(name)
         load_model_state(self.model, tensors, str(path))
-        load_optimizer_state(self.optimizer, tensors, sidecar["optimizer"])
+        restore_optimizer_state(self.optimizer, tensors, sidecar["optimizer"], path)
         if self.plateau is not None and sidecar.get("plateau"):
             self.plateau.load_state_dict(sidecar["plateau"])
+        changed = self._apply_optimizer_settings(sidecar)
+        try:
+            self.task.load_data_state(tensors["rng.data"])
+        except (RuntimeError, ValueError, IndexError) as err:
+            raise CheckpointError(f"checkpoint {path}: its data stream state (rng.data) does not fit: {err}") from None
         torch.set_rng_state(tensors["rng.torch"])
-        self.task.load_data_state(tensors["rng.data"])
-        self.step = int(sidecar["step"])
+        self.step = self._saved_at = int(sidecar["step"])
         self.history = History(sidecar["history"]["train"], sidecar["history"]["evals"])
         self.train_seconds = float(sidecar.get("elapsed_seconds", 0.0))
+        if changed and self.progress:
+            print(
+                f"resuming {path} with optimiser settings of this config, not of its run: {'; '.join(changed)}",
+                file=sys.stderr,
+            )
         return True
+
+    def _apply_optimizer_settings(self, sidecar: dict[str, Any]) -> list[str]:
+        """Set the restored optimiser's and plateau schedule's hyper-parameters to this config's (the LR follows
+        the schedule at every step anyway); their state (moments, step counts, the best so far) stays the
+        checkpoint's. Returns the settings that differ from the checkpoint run's, as
+        ``"optim.weight_decay 0.5 (the run had 0.0)"``."""
+        fresh = self._make_optimizer().defaults
+        for group in self.optimizer.param_groups:
+            group.update({k: v for k, v in fresh.items() if k != "lr"})
+        if self.plateau is not None:
+            self.plateau.factor = self.config.schedule.factor
+            self.plateau.patience = self.config.schedule.patience
+        config = sidecar.get("config") if isinstance(sidecar.get("config"), dict) else {}
+        changed = []
+        for section in ("optim", "schedule"):
+            recorded, now = config.get(section), dataclasses.asdict(getattr(self.config, section))
+            if isinstance(recorded, dict):
+                changed += [
+                    f"{section}.{key} {now[key]!r} (the run had {recorded[key]!r})"
+                    for key in now
+                    if key in recorded and recorded[key] != now[key]
+                ]
+        return changed
 
     # ------------------------------------------------------------------ loop
     def _local_batch(self, rollout_steps: int = 1) -> tuple[Inputs, torch.Tensor]:
@@ -668,7 +789,12 @@ class Trainer:
         return sdpa_kernel(names[backend])
 
     def train_step(self) -> float:
-        """One optimiser step on one global batch; returns the global loss."""
+        """One optimiser step on one global batch, recorded in ``history``; returns the global loss.
+
+        The update, the step count and the record are one unit that stop signals wait for: a checkpoint
+        never holds half of an update, or an update without its step.
+        """
+        begin = time.perf_counter()
         ocfg, tcfg = self.config.optim, self.config.train
         max_steps, max_minutes = self.horizon, tcfg.max_minutes
         while len(self.relaxed) < len(self.relaxations) and self.relaxations[len(self.relaxed)][0] <= self.step:
@@ -698,13 +824,14 @@ class Trainer:
             global_loss /= self.dist.world_size
         value = global_loss.item()
         if not math.isfinite(value):
-            raise FloatingPointError(
-                f"loss is {value} at step {self.step + 1}; stopped, the last good checkpoint in {self.out} is kept"
-            )
-        if ocfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), ocfg.grad_clip)
-        self.optimizer.step()
-        self.step += 1
+            raise FloatingPointError(f"loss is {value} at step {self.step + 1}; training stopped before that step")
+        with shielded():
+            if ocfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), ocfg.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            self.train_seconds += time.perf_counter() - begin
+            self.history.train.append({"step": self.step, "time_s": self.train_seconds, "loss": value})
         return value
 
     def evaluate(self) -> dict[str, Any]:
@@ -773,13 +900,11 @@ class Trainer:
         tcfg = self.config.train
         until = self.train_seconds + seconds
         self.model.train()
-        try:
+        with self._keeping_progress():
             while not self.done and self.train_seconds < until:
-                begin = time.perf_counter()
+                self._step_start = (self.step, self._current_rng())
                 loss = self.train_step()
-                self.train_seconds += time.perf_counter() - begin
                 self._running = loss if self._running is None else 0.9 * self._running + 0.1 * loss
-                self.history.train.append({"step": self.step, "time_s": self.train_seconds, "loss": loss})
                 if self.writer is not None:
                     self.writer.add_scalar("train/loss", loss, self.step)
                 for callback in self.callbacks:
@@ -795,18 +920,53 @@ class Trainer:
                     self._validate()
                 if tcfg.checkpoint_every and self.step % tcfg.checkpoint_every == 0:
                     self.save()
-        except KeyboardInterrupt:
-            self.bar.close()
-            self.save()
-            raise
-        except BaseException:
-            self.bar.close()  # the error message starts on a line of its own
-            raise
         return self.done
+
+    @contextlib.contextmanager
+    def _keeping_progress(self):
+        """Stop signals (SIGINT, SIGTERM, SIGHUP) and errors inside keep the last completed step: its checkpoint
+        is written (with the RNG states from before an unfinished step) before the signal or the error goes on,
+        which then says where it is (``Interrupted.checkpoint``; a note on an error)."""
+        with stop_signals():
+            try:
+                yield
+            except BaseException as err:
+                self.bar.close()  # the message starts on a line of its own
+                if isinstance(err, (KeyboardInterrupt, Exception)):
+                    self._keep_last_step(err)
+                raise
+
+    def _keep_last_step(self, err: BaseException) -> None:
+        """Write the checkpoint of the last completed step, if it is not on disk yet, and tell ``err`` about it."""
+        if not self.write or not self.dist.is_main:
+            return
+        path = self.checkpoint_path
+        try:
+            if self._saved_at != self.step and self.step > 0:
+                with shielded(drop=True):  # a second signal does not cut this write
+                    self.save(barrier=False)
+        except CheckpointError as save_err:
+            err.add_note(f"the checkpoint of step {self.step} could not be written: {save_err}")
+            return
+        if self._saved_at is None:
+            err.add_note("no checkpoint was written: no training step had completed")
+            return
+        if isinstance(err, Interrupted):
+            err.checkpoint = str(path)
+        err.add_note(
+            f"the checkpoint of step {self._saved_at} (the last completed) is in {path}; continue with --resume"
+        )
 
     def finish(self) -> dict[str, Any]:
         """Final evaluation, checkpoint and reports; returns the summary (the full evaluation, with
-        non-scalar results such as the error map, stays in ``self.final_evaluation``)."""
+        non-scalar results such as the error map, stays in ``self.final_evaluation``). Releases the output
+        folder's lock."""
+        with self._keeping_progress():
+            summary = self._finish()
+        self.close()
+        return summary
+
+    def _finish(self) -> dict[str, Any]:
         self.bar.close()
         if self.last_eval is None or self.last_eval[0] != self.step:  # the model as trained, after its last step
             if self.history.evals and self.history.evals[-1]["step"] == self.step:
@@ -889,15 +1049,38 @@ def train(
 ) -> dict[str, Any]:
     """Train ``config`` (optionally resuming from ``OUT/last.safetensors``); returns the summary.
 
-    An ``OUT`` that already holds a run is refused unless ``resume`` (continue it) or ``overwrite``
-    (replace its checkpoint).
+    An ``OUT`` that already holds a run (its last or its best checkpoint) is refused unless ``resume``
+    (continue it) or ``overwrite`` (replace its checkpoints: the previous run's best ones are removed
+    when the new run starts); one that another run is writing to is refused in any case
+    (:class:`~eqvit.train.checkpoint.RunLock`).
     """
-    if not resume and not overwrite:
-        check_no_previous_run(out_dir or config.train.out)
-    trainer = Trainer(config, out_dir, progress)
-    if resume and not trainer.resume() and trainer.progress:
-        print(f"no checkpoint in {trainer.out}; starting from scratch")
-    return trainer.fit(max_steps, max_minutes)
+    check_out_path(out_dir, "--out")
+    out = Path(out_dir if out_dir is not None else config.train.out)
+    main = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 owns the folder
+    if main:
+        _check_out(out, resume, overwrite)
+    trainer = Trainer(config, out, progress)
+    try:
+        if main:
+            _check_out(out, resume, overwrite)  # again, now that the folder's lock is ours
+        if overwrite and main:
+            for name in ("best.safetensors", "best.json"):  # a new run's best must not be the old one's
+                (out / name).unlink(missing_ok=True)
+        if resume and not trainer.resume() and trainer.progress:
+            print(f"no checkpoint in {trainer.out}; starting from scratch")
+        return trainer.fit(max_steps, max_minutes)
+    finally:
+        trainer.close()
+
+
+def _check_out(out: Path, resume: bool, overwrite: bool) -> None:
+    """The checks of :func:`train` on its output folder: not another run's, and not one that holds a run
+    unless resuming or overwriting it."""
+    RunLock.check_free(out)  # refused, naming the process, while another run writes there
+    if resume:
+        check_resumable(out)
+    elif not overwrite:
+        check_no_previous_run(out)
 
 
 def load_for_evaluation(config: ExperimentConfig, checkpoint: str | Path) -> tuple[nn.Module, Any]:

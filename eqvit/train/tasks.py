@@ -115,6 +115,18 @@ def check_domain(dataset: str, needs: str, kinds: tuple[str, ...], model: nn.Mod
     )
 
 
+def check_channels(dataset: str, model: nn.Module, channels: int, what: str) -> None:
+    """ValueError in one sentence when ``model`` takes or predicts another number of channels than the
+    ``channels`` of ``what`` (found now, not as a tensor-size error at the first step)."""
+    for kind, key in (("input", "in_chans"), ("output", "out_chans")):
+        got = getattr(model, key, None)
+        if got is not None and got != channels:
+            raise ValueError(
+                f"model {_model_name(model)!r} has {got} {kind} channels, but data.name {dataset!r} has {channels} "
+                f"({what}); set model.kwargs.{key}: {channels}"
+            )
+
+
 SPHERE_MODELS = (
     "a model on the sphere (icosphere vertices or a lat-lon grid: so3vit_*, platonic_sphere_*, s2transformer_*)"
 )
@@ -158,11 +170,12 @@ class ShallowWaterTask:
     steps_per_epoch = None  # an endless stream of fresh simulations
 
     def __init__(self, cfg: DataConfig, model: nn.Module, device: torch.device) -> None:
-        from eqvit.data.shallow_water import ShallowWaterConfig, ShallowWaterData
+        from eqvit.data.shallow_water import CHANNELS, ShallowWaterConfig, ShallowWaterData
         from eqvit.train.metrics import latlon_quadrature_weights
 
         self.cfg, self.device = cfg, device
         check_domain(cfg.name, SPHERE_MODELS, ("sphere",), model)
+        check_channels(cfg.name, model, len(CHANNELS), "the shallow-water fields " + ", ".join(CHANNELS))
         domain = model.domain
         self.on_grid = tuple(domain.shape) == (cfg.nlat, cfg.nlon)
         self.kind = "grid" if self.on_grid else "points"
