@@ -59,3 +59,37 @@ def test_driver_writes_a_row_with_the_seeds_figures(tmp_path, monkeypatch, capsy
         assert (out.with_suffix("") / "so3vit_4x128" / name).is_file()
     printed = capsys.readouterr().out
     assert "seed l2" in printed and "0.058" in printed
+
+
+def test_probe_settings_are_validated_like_a_config():
+    from eqvit.train.config import ConfigError
+
+    cfg = load_config(config_path(swe_table1.CONFIGS["so3vit_4x128"]))
+    changed = swe_table1.with_settings(cfg, ["optim.lr=3e-3", "model.num_heads=1", "optim.grad_clip=null"])
+    assert changed.optim.lr == 3e-3 and changed.model.kwargs["num_heads"] == 1 and changed.optim.grad_clip is None
+    assert cfg.optim.lr == 1e-3  # the original is left alone
+    with pytest.raises(ConfigError, match=r"unknown key 'lrr'; did you mean 'lr'"):
+        swe_table1.with_settings(cfg, ["optim.lrr=1"])
+    with pytest.raises(ConfigError, match=r"optim.lr: expected a value > 0"):
+        swe_table1.with_settings(cfg, ["optim.lr=-1"])
+    with pytest.raises(ConfigError, match=r"expected --set SECTION.KEY=VALUE.*got 'lr=3'"):
+        swe_table1.with_settings(cfg, ["lr=3"])
+
+
+def test_probe_writes_its_row(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQVIT_CACHE", str(tmp_path / "cache"))
+    tiny = {
+        "model": {"name": "so3vit_tiny", "kwargs": {"residual": True, "symmetry_breaking": "latitude"}},
+        "data": {"batch_size": 2, "num_val": 2, "val_batch_size": 2},
+        "train": {"threads": 1, "out": str(tmp_path / "run")},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny))
+    monkeypatch.setitem(swe_table1.CONFIGS, "so3vit_4x128", str(path))
+    out = tmp_path / "results" / "swe_table1.json"
+    argv = ["swe_table1", "--probe", "lr", "--steps", "2", "--set", "optim.lr=3e-3", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    swe_table1.main()
+    (row,) = json.loads((out.with_suffix("") / "probes.json").read_text())
+    assert row["name"] == "lr" and row["steps"] == 2 and row["settings"] == ["optim.lr=3e-3"]
+    assert row["l2"] > 0 and row["train_loss_last_50"] > 0 and not (tmp_path / "run").exists()

@@ -14,6 +14,11 @@ Usage: ``python benchmarks/swe_table1.py [--rows so3vit_4x128 so3vit_4x256] [--m
 (``--max-minutes`` caps a row's training time; the cosine schedule then ends at that time, and the
 row records the epochs reached). The SO3ViT rows run on one thread (``train.threads: 1`` in their
 configs); the S2Transformer row is for a GPU (``train.device: cuda``).
+
+Probes of the gap to the seed: ``--probe NAME --steps N --set optim.lr=3e-3 model.num_heads=1`` trains
+the first of ``--rows`` for N steps (its cosine schedule over those N) with the settings changed
+(``model.KEY`` sets a model keyword, ``SECTION.KEY`` a config field; values are YAML), scores it the
+same way and writes the row ``NAME`` into ``benchmarks/results/swe_table1/probes.json``.
 """
 
 from __future__ import annotations
@@ -126,15 +131,92 @@ def run_row(name: str, config_file: Path, max_steps: int | None, max_minutes: fl
     return out, timing
 
 
+def with_settings(config: Any, settings: list[str]) -> Any:
+    """``config`` with ``SECTION.KEY=VALUE`` settings applied (``model.KEY`` is a model keyword), validated
+    as a config file is (a bad key or value is a ConfigError naming it)."""
+    from eqvit.train.config import ConfigError, ExperimentConfig, from_dict
+
+    data = config.to_dict()
+    for item in settings:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not (sep and dot and name) or section not in data:
+            raise ConfigError(f"expected --set SECTION.KEY=VALUE with SECTION one of {', '.join(data)}, got {item!r}")
+        target = data["model"]["kwargs"] if section == "model" else data[section]
+        target[name] = _value(text)
+    return from_dict(ExperimentConfig, data, where="--set")
+
+
+def _value(text: str) -> Any:
+    """A ``--set`` value: YAML, with numbers such as ``3e-3`` (a string to YAML 1.1) read as floats."""
+    import yaml
+
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def run_probe(name: str, config_file: Path, steps: int, settings: list[str]) -> dict[str, Any]:
+    """Train the row's config with ``settings`` for ``steps`` steps (nothing written); its probe row."""
+    from eqvit.train.config import load_config
+    from eqvit.train.engine import Trainer
+
+    config = with_settings(load_config(config_file), settings)
+    config.train.max_steps, config.train.eval_every = steps, 0
+    load_start, begin = os.getloadavg(), time.perf_counter()
+    trainer = Trainer(config, progress=False, write=False)
+    summary = trainer.fit()
+    losses = [h["loss"] for h in trainer.history.train[-50:]]
+    metrics = summary["metrics"]
+    return {
+        "name": name,
+        "config": display_path(config_file),
+        "settings": list(settings),
+        "steps": steps,
+        "params": summary["params"],
+        **{key: metrics[key] for key in ("l1", "l2", "rel_l1", "rel_l2")},
+        "train_loss_last_50": sum(losses) / len(losses),
+        "wall_s": time.perf_counter() - begin,
+        "threads": config.train.threads,
+        "loadavg_start": [round(v, 2) for v in load_start],
+        "loadavg_end": [round(v, 2) for v in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+    }
+
+
+def merge_probes(old: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
+    """``old`` with the probe of ``row``'s name replaced (or appended)."""
+    return [r for r in old if r["name"] != row["name"]] + [row]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=["so3vit_4x128"], choices=list(CONFIGS))
     parser.add_argument("--max-steps", type=int, default=None, help="stop each row after N steps (smoke tests)")
     parser.add_argument("--max-minutes", type=float, default=None, help="cap each row's training time")
     parser.add_argument("--out", default=str(results_dir() / "swe_table1.json"))
+    parser.add_argument("--probe", metavar="NAME", help="a short probe of the first row, written to probes.json")
+    parser.add_argument("--steps", type=int, default=150, help="--probe: training steps")
+    parser.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE", help="--probe: changed settings")
     args = parser.parse_args()
 
     out = Path(args.out)
+    if args.probe:
+        row = run_probe(args.probe, config_path(CONFIGS[args.rows[0]]), args.steps, args.set)
+        path = out.with_suffix("") / "probes.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probes = merge_probes(_read(path), row)
+        path.write_text(json.dumps(probes, indent=2))
+        for r in probes:
+            print(f"{r['name']:<16} {r['steps']:>5} steps  l2 {r['l2']:.4f}  rel L2 {r['rel_l2']:.4f}  {r['settings']}")
+        print(f"wrote {path}")
+        return
+
     rows = []
     for name in args.rows:
         config_file = config_path(CONFIGS[name])
