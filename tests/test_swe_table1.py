@@ -54,7 +54,7 @@ def test_driver_writes_a_row_with_the_seeds_figures(tmp_path, monkeypatch, capsy
     for key in ("l1", "l2", "rel_l1", "rel_l2", "persistence_l2", "wall_s"):
         assert row[key] > 0, key
     assert row["l1"] < row["l2"]  # a mean absolute error is below the root mean square
-    assert len(row["loadavg_start"]) == 3 and row["threads"] == 1
+    assert len(row["loadavg_start"]) == 3 and row["threads"] == 1 and isinstance(row["load_1min_every_minute"], list)
     for name in ("loss_curve.png", "error_map.png", "metrics.json"):
         assert (out.with_suffix("") / "so3vit_4x128" / name).is_file()
     printed = capsys.readouterr().out
@@ -93,3 +93,14 @@ def test_probe_writes_its_row(tmp_path, monkeypatch):
     (row,) = json.loads((out.with_suffix("") / "probes.json").read_text())
     assert row["name"] == "lr" and row["steps"] == 2 and row["settings"] == ["optim.lr=3e-3"]
     assert row["l2"] > 0 and row["train_loss_last_50"] > 0 and not (tmp_path / "run").exists()
+
+
+def test_load_sampler_records_while_running():
+    import time
+
+    with swe_table1.LoadSampler(seconds=0.01) as load:
+        time.sleep(0.1)
+    count = len(load.samples)
+    assert count >= 2 and all(isinstance(v, float) for v in load.samples)
+    time.sleep(0.05)
+    assert len(load.samples) == count  # stopped with the block

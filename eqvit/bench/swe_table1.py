@@ -110,6 +110,29 @@ def merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dic
     return [by_model[m] for m in order]
 
 
+class LoadSampler:
+    """Records the 1-minute load average every ``seconds`` in a background thread, while in a ``with`` block."""
+
+    def __init__(self, seconds: float = 60.0) -> None:
+        import threading
+
+        self.seconds, self.samples = seconds, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.seconds):
+            self.samples.append(round(os.getloadavg()[0], 2))
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_row(name: str, config_file: Path, max_steps: int | None, max_minutes: float | None) -> tuple[Path, dict]:
     """Train one row (replacing its run folder); returns ``(run folder, timing record)``."""
     from eqvit.train.config import load_config
@@ -118,13 +141,15 @@ def run_row(name: str, config_file: Path, max_steps: int | None, max_minutes: fl
     config = load_config(config_file)
     out = Path(config.train.out)
     load_start, begin = os.getloadavg(), time.perf_counter()
-    train(config, out, max_steps=max_steps, max_minutes=max_minutes, overwrite=True)
+    with LoadSampler() as load:
+        train(config, out, max_steps=max_steps, max_minutes=max_minutes, overwrite=True)
     timing = {
         "wall_s": time.perf_counter() - begin,
         "threads": config.train.threads,
         "device": config.train.device,
         "loadavg_start": [round(v, 2) for v in load_start],
         "loadavg_end": [round(v, 2) for v in os.getloadavg()],
+        "load_1min_every_minute": load.samples,
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(),
     }
@@ -169,7 +194,8 @@ def run_probe(name: str, config_file: Path, steps: int, settings: list[str]) -> 
     config.train.max_steps, config.train.eval_every = steps, 0
     load_start, begin = os.getloadavg(), time.perf_counter()
     trainer = Trainer(config, progress=False, write=False)
-    summary = trainer.fit()
+    with LoadSampler() as load:
+        summary = trainer.fit()
     losses = [h["loss"] for h in trainer.history.train[-50:]]
     metrics = summary["metrics"]
     return {
@@ -184,6 +210,7 @@ def run_probe(name: str, config_file: Path, steps: int, settings: list[str]) -> 
         "threads": config.train.threads,
         "loadavg_start": [round(v, 2) for v in load_start],
         "loadavg_end": [round(v, 2) for v in os.getloadavg()],
+        "load_1min_every_minute": load.samples,
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(),
     }
