@@ -190,8 +190,9 @@ def run_probe(name: str, config_file: Path, steps: int, settings: list[str]) -> 
     from eqvit.train.config import load_config
     from eqvit.train.engine import Trainer
 
-    config = with_settings(load_config(config_file), settings)
-    config.train.max_steps, config.train.eval_every = steps, 0
+    config = load_config(config_file)
+    config.train.max_steps, config.train.eval_every = steps, 0  # --set may change them (a plateau schedule)
+    config = with_settings(config, settings)
     load_start, begin = os.getloadavg(), time.perf_counter()
     trainer = Trainer(config, progress=False, write=False)
     with LoadSampler() as load:
