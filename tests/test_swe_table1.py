@@ -104,3 +104,12 @@ def test_load_sampler_records_while_running():
     assert count >= 2 and all(isinstance(v, float) for v in load.samples)
     time.sleep(0.05)
     assert len(load.samples) == count  # stopped with the block
+
+
+def test_example_data_is_torch_harmonics_pipeline_scored_with_its_losses():
+    row = swe_table1.example_data("64x128", num=2)
+    assert row["lmax"] == 22 and row["samples"] == 2
+    assert 0 < row["persistence_l1"] < row["persistence_l2"]
+    # the example normalises by one sample's grid statistics, eqvit by pooled spherical ones: close, not equal
+    for ours, theirs in zip(row["eqvit_std"], row["example_std"]):
+        assert 0.8 < ours / theirs < 1.2 and ours != theirs

@@ -19,6 +19,9 @@ Probes of the gap to the seed: ``--probe NAME --steps N --set optim.lr=3e-3 mode
 the first of ``--rows`` for N steps (its cosine schedule over those N) with the settings changed
 (``model.KEY`` sets a model keyword, ``SECTION.KEY`` a config field; values are YAML), scores it the
 same way and writes the row ``NAME`` into ``benchmarks/results/swe_table1/probes.json``.
+``--example-data`` scores persistence with torch-harmonics' own data pipeline on its example's two grids
+(64 x 128 equiangular, 128 x 256 Legendre-Gauss) and records its normalisation beside eqvit's
+(``benchmarks/results/swe_table1/example_data.json``).
 """
 
 from __future__ import annotations
@@ -217,6 +220,41 @@ def run_probe(name: str, config_file: Path, steps: int, settings: list[str]) -> 
     }
 
 
+EXAMPLE_GRIDS = {"64x128": ((64, 128), "equiangular"), "128x256": ((128, 256), "legendre-gauss")}
+
+
+def example_data(name: str, num: int = 50, seed: int = 333) -> dict[str, Any]:
+    """Persistence and the normalisation of torch-harmonics' own shallow-water pipeline on grid ``name``.
+
+    ``PdeDataset`` as its example builds it (global RNG seeded with ``seed``, statistics of one sample), ``num``
+    pairs, scored with ``L1LossS2`` / ``L2LossS2``; eqvit's normalisation beside it.
+    """
+    import torch
+    from torch_harmonics.examples import PdeDataset
+    from torch_harmonics.examples.losses import L1LossS2, L2LossS2
+
+    from eqvit.data.shallow_water import ShallowWaterConfig, ShallowWaterData
+
+    dims, grid = EXAMPLE_GRIDS[name]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        data = PdeDataset(dt=3600, nsteps=24, dims=dims, grid=grid, normalize=True, num_examples=num)
+        x, y = (torch.stack(t) for t in zip(*(data[i] for i in range(num))))
+    l1, l2 = L1LossS2(*dims, grid=grid), L2LossS2(*dims, grid=grid)
+    _, eqvit_std = ShallowWaterData(ShallowWaterConfig()).stats
+    return {
+        "grid": name,
+        "quadrature": grid,
+        "lmax": int(data.solver.lmax),
+        "samples": num,
+        "persistence_l1": l1(x, y).item(),
+        "persistence_l2": l2(x, y).item(),
+        "persistence_l2_per_channel": [l2(x[:, c : c + 1], y[:, c : c + 1]).item() for c in range(3)],
+        "example_std": data.inp_var.flatten().sqrt().tolist(),
+        "eqvit_std": eqvit_std.tolist(),
+    }
+
+
 def merge_probes(old: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
     """``old`` with the probe of ``row``'s name replaced (or appended)."""
     return [r for r in old if r["name"] != row["name"]] + [row]
@@ -231,9 +269,22 @@ def main() -> None:
     parser.add_argument("--probe", metavar="NAME", help="a short probe of the first row, written to probes.json")
     parser.add_argument("--steps", type=int, default=150, help="--probe: training steps")
     parser.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE", help="--probe: changed settings")
+    parser.add_argument(
+        "--example-data", action="store_true", help="persistence in torch-harmonics' own pipeline, both grids"
+    )
     args = parser.parse_args()
 
     out = Path(args.out)
+    if args.example_data:
+        rows = [example_data(name) for name in EXAMPLE_GRIDS]
+        path = out.with_suffix("") / "example_data.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows, indent=2))
+        for r in rows:
+            scores = f"l1 {r['persistence_l1']:.4f} l2 {r['persistence_l2']:.4f}"
+            print(f"{r['grid']:<8} lmax {r['lmax']:>3}  persistence {scores}")
+        print(f"wrote {path}")
+        return
     if args.probe:
         row = run_probe(args.probe, config_path(CONFIGS[args.rows[0]]), args.steps, args.set)
         path = out.with_suffix("") / "probes.json"
