@@ -184,6 +184,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from eqvit.train.config import load_config
     from eqvit.train.engine import evaluate_checkpoint
 
+    if args.rollout is not None:
+        from eqvit.train.rollout import MAX_STEPS
+
+        if args.rollout > MAX_STEPS:  # found before the checkpoint and the validation set are loaded
+            raise ValueError(f"--rollout: expected at most {MAX_STEPS} steps, got {args.rollout}")
     config = load_config(args.config)
     if args.rollout is not None:
         from eqvit.train.rollout import rollout_checkpoint

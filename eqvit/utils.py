@@ -70,6 +70,41 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
             os.unlink(tmp)
 
 
+class MemoryBudgetError(ValueError):
+    """Work that would need more memory than the machine has, refused before it allocates (the message gives the
+    estimate and how it was made)."""
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes (``os.sysconf``), or None where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def format_bytes(count: float) -> str:
+    """``"7.28 TiB"``: a byte count in binary units."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(count) < 1024 or unit == "PiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.2f} {unit}"
+        count /= 1024
+    return f"{count:.2f} PiB"
+
+
+def check_memory(what: str, need: float, how: str, available: int | None = None, where: str = "this machine") -> None:
+    """:class:`MemoryBudgetError` when ``what`` needs more than ``available`` bytes (default: the machine's memory).
+
+    ``need`` is a lower estimate and ``how`` says how it was made, e.g. ``"1000000000000 steps x 7.7 KiB"``.
+    """
+    available = machine_memory() if available is None else available
+    if available is not None and need > available:
+        raise MemoryBudgetError(
+            f"{what} needs at least {format_bytes(need)} ({how}), more than the {format_bytes(available)} of "
+            f"memory of {where}"
+        )
+
+
 class MissingExtraError(ValueError, ModuleNotFoundError):
     """An optional dependency is not installed: the message names the extra to install (the CLI exits 2)."""
 

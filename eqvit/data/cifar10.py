@@ -49,7 +49,13 @@ def _folder(root: str | os.PathLike) -> Path:
 def classes(root: str | os.PathLike) -> list[str]:
     """The class names from ``batches.meta.txt`` (the standard ten when it is absent)."""
     meta = _folder(root) / "batches.meta.txt"
-    names = [line.strip() for line in meta.read_text().splitlines() if line.strip()] if meta.is_file() else []
+    try:
+        text = meta.read_text(encoding="utf-8") if meta.is_file() else ""
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{meta}: not UTF-8 text ({err.reason} at byte {err.start}); expected one class a line"
+        ) from None
+    names = [line.strip() for line in text.splitlines() if line.strip()]
     return names if len(names) == len(CLASSES) else list(CLASSES)
 
 

@@ -115,6 +115,27 @@ def image_folder_split(
     return train, val, classes
 
 
+def read_image(path: str | Path, size: int) -> np.ndarray:
+    """The image at ``path`` as RGB ``[size, size, 3]`` float32 in [-1, 1] (bilinear resize).
+
+    A file PIL cannot read (truncated, damaged, not an image) or one larger than PIL's decompression-bomb
+    limit (``Image.MAX_IMAGE_PIXELS``) is a ValueError naming it.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB").resize((size, size), Image.BILINEAR)
+            return np.asarray(img, dtype=np.float32) / 127.5 - 1.0
+    except Image.DecompressionBombError as err:
+        raise ValueError(
+            f"image {path} is too large to decode safely ({err}); shrink it, or raise PIL.Image.MAX_IMAGE_PIXELS "
+            "if it is trusted"
+        ) from None
+    except (OSError, SyntaxError, ValueError) as err:  # PIL reports damaged files as OSError or SyntaxError
+        raise ValueError(f"cannot read image {path}: {err}") from None
+
+
 class ImageFolderDataset(Dataset):
     """Images from ``(path, label)`` pairs, resized to ``img_size`` and normalised to [-1, 1].
 
@@ -134,12 +155,8 @@ class ImageFolderDataset(Dataset):
         return len(self.items)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
-
         path, label = self.items[index]
-        with Image.open(path) as img:
-            img = img.convert("RGB").resize((self.img_size, self.img_size), Image.BILINEAR)
-            x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1).contiguous()
+        x = torch.from_numpy(read_image(path, self.img_size)).permute(2, 0, 1).contiguous()
         if self.transform is not None:
             with torch.no_grad():
                 x = self.transform(x[None])[0]

@@ -49,12 +49,15 @@ def find_file(root: str | os.PathLike, split: str, variant: str = DEFAULT_VARIAN
 def read_h5(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """``(points [S, P, 3] float32, labels [S] int64)`` of one ScanObjectNN h5 file."""
     h5py = _h5py()
-    with h5py.File(path, "r") as f:
-        missing = [k for k in ("data", "label") if k not in f]
-        if missing:
-            raise ValueError(f"{path}: expected datasets 'data' and 'label', missing {missing} (has {sorted(f)})")
-        points = np.asarray(f["data"], dtype=np.float32)
-        labels = np.asarray(f["label"]).reshape(-1).astype(np.int64)
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in ("data", "label") if k not in f]
+            if missing:
+                raise ValueError(f"{path}: expected datasets 'data' and 'label', missing {missing} (has {sorted(f)})")
+            points = np.asarray(f["data"], dtype=np.float32)
+            labels = np.asarray(f["label"]).reshape(-1).astype(np.int64)
+    except (OSError, KeyError, TypeError) as err:  # h5py's messages name no file: not HDF5, truncated, damaged
+        raise ValueError(f"cannot read the ScanObjectNN file {path}: {err}") from None
     if points.ndim != 3 or points.shape[-1] != 3 or len(points) != len(labels):
         raise ValueError(
             f"{path}: expected data [S, P, 3] and label [S], got {list(points.shape)} and {list(labels.shape)}"

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from eqvit.data.cache import CorruptCacheError, cached, digest
-from eqvit.utils import atomic_write
+from eqvit.utils import atomic_write, check_memory, format_bytes
 
 __all__ = [
     "ShallowWaterConfig",
@@ -439,6 +439,18 @@ class ShallowWaterData:
 
     # ---- shapes ------------------------------------------------------------------------
 
+    def pair_bytes(self) -> int:
+        """Memory of one ``(x, y)`` pair as a validation set keeps it: the exact spectral states (complex128)
+        and the fields on the grid and on the point set (float32)."""
+        cfg = self.config
+        fields = 3 * (cfg.nlat * cfg.nlon + (self.num_points or 0)) * 4
+        return 2 * (3 * self.lmax * self.mmax * 16 + fields)
+
+    def check_fits(self, num: int, what: str) -> None:
+        """:class:`~eqvit.utils.MemoryBudgetError` when ``num`` pairs (``what``) would not fit in the machine's
+        memory."""
+        check_memory(what, num * self.pair_bytes(), f"{num:,} pairs x {format_bytes(self.pair_bytes())}")
+
     @property
     def num_points(self) -> int | None:
         return None if self.points is None else self.points.shape[0]
@@ -675,6 +687,7 @@ class ShallowWaterData:
         """
         if not isinstance(num, int) or num < 1:
             raise ValueError(f"expected num to be a positive int, got {num!r}")
+        self.check_fits(num, f"a shallow-water validation set of {num:,} pairs")
         if cache_dir is None:
             return self._build_validation(num, seed, chunk_size)
         path = Path(cache_dir) / self.validation_filename(num, seed)

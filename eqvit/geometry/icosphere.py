@@ -44,6 +44,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from eqvit.geometry.points import PointIndex
+from eqvit.utils import check_memory
 
 __all__ = ["Icosphere", "icosphere", "spherical_triangle_area"]
 
@@ -229,4 +230,14 @@ def icosphere(level: int) -> Icosphere:
     """
     if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or level < 0:
         raise ValueError(f"expected a non-negative integer icosphere level, got {level!r}")
+    vertices = 10 * 4 ** int(level) + 2
+    check_memory(
+        f"icosphere level {level} ({vertices:,} vertices)",
+        BYTES_PER_VERTEX * vertices,
+        f"about {BYTES_PER_VERTEX} bytes a vertex while it is subdivided",
+    )
     return _icosphere(int(level))
+
+
+# Peak memory of building an icosphere per vertex, rounded down: the subdivision's arrays and temporaries.
+BYTES_PER_VERTEX = 300

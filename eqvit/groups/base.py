@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eqvit.utils import check_memory
+
 if TYPE_CHECKING:
     from eqvit.groups.homogeneous import HomogeneousSpace
     from eqvit.groups.irreps import Irrep, Representation
@@ -164,6 +166,9 @@ class FiniteGroup:
     @cached_property
     def cayley(self) -> np.ndarray:
         """int64 ``[order, order]`` with ``elements[cayley[i, j]] == elements[i] @ elements[j]``."""
+        entry = 2 * 8 * (self.dim**2 + 1)  # every product matrix and its index, and their matching
+        what = f"the Cayley table of {self.name} (order {self.order:,})"
+        check_memory(what, entry * self.order**2, f"order^2 entries of {entry} bytes")
         products = np.einsum("iab,jbc->ijac", self.elements, self.elements)
         table = match_matrices(products, self.elements)
         table.setflags(write=False)

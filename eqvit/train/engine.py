@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -50,6 +51,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from eqvit.models import create_model
+from eqvit.train.budget import build_within_memory, check_training_memory
 from eqvit.train.checkpoint import (
     CheckpointError,
     OutputDirError,
@@ -69,6 +71,7 @@ from eqvit.train.config import ConfigError, ExperimentConfig, RelaxationConfig, 
 from eqvit.train.multistep import check_multistep, rollout_events, rollout_steps_at, unrolled_loss
 from eqvit.train.signals import Interrupted, shielded, stop_signals
 from eqvit.train.tasks import Task, build_task, check_dataset_name
+from eqvit.utils import MemoryBudgetError
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 
@@ -212,10 +215,13 @@ def check_relaxation(model: nn.Module, schedule: dict[int, str]) -> None:
 
 
 def build_model(config: ExperimentConfig) -> nn.Module:
-    """The registered model ``model.name`` with ``model.kwargs``; a bad name, key or value is a ConfigError."""
+    """The registered model ``model.name`` with ``model.kwargs``; a bad name, key or value is a ConfigError, a model
+    that would not fit in the machine's memory a MemoryBudgetError (:func:`~eqvit.train.budget.build_within_memory`)."""
     name, kwargs = config.model.name, config.model.kwargs
     try:
-        return create_model(name, **kwargs)
+        return build_within_memory(functools.partial(create_model, name), name, kwargs)
+    except MemoryBudgetError:
+        raise
     except (ValueError, TypeError) as err:
         raise ConfigError(f"cannot build model {name!r} from model.kwargs {kwargs}: {err}") from None
 
@@ -532,6 +538,10 @@ class Trainer:
             seed_everything(tcfg.seed)
             model = build_model(config)
         self.model = model.to(self.device)
+        unroll = max([tcfg.rollout_steps, *tcfg.rollout_schedule.values()])
+        name = (getattr(self.model, "default_cfg", None) or {}).get("architecture") or type(self.model).__name__
+        batch = config.data.batch_size // self.dist.world_size
+        check_training_memory(self.model, repr(name), batch, self.device, unroll, tcfg.amp)
         # the effective builder arguments, recorded so that eval / resume can compare theirs
         self.model_config = normalise_model_config(getattr(self.model, "config", None) or {})
         check_relaxation(self.model, config.model.relaxation.schedule)

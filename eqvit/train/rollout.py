@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from eqvit.utils import check_memory, format_bytes
+
 __all__ = [
     "load_maps",
     "plot_rollout",
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 TABLE_LEADS = (1, 2, 4, 8, 12, 16, 24)
+MAX_STEPS = 10_000  # a rollout keeps two error maps a step; beyond this it would run for days
 
 
 def map_steps(num_steps: int) -> list[int]:
@@ -62,12 +65,19 @@ def rollout(model: nn.Module, task: Any, num_steps: int, progress: bool = False)
         raise ValueError(
             f"expected a shallow-water task (data.name: shallow_water) for a rollout, got {type(task).__name__}"
         )
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"expected num_steps to be an integer >= 1, got {num_steps!r}")
-    was_training = model.training
-    model.eval()
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or not 1 <= num_steps <= MAX_STEPS:
+        raise ValueError(
+            f"expected num_steps to be an integer in [1, {MAX_STEPS}] ({MAX_STEPS * task.cfg.dt_hours / 24:.0f} days "
+            f"of {task.cfg.dt_hours:g}-hour steps), got {num_steps!r}"
+        )
     val, data, kind = task.validation, task.data, task.kind
     x_all = val.x_grid if kind == "grid" else val.x_points
+    per_step = 2 * (8 * math.prod(x_all.shape[2:]) + 1024) + 16 * 8  # two error maps and the metric sums
+    check_memory(
+        f"a rollout of {num_steps:,} steps", num_steps * per_step, f"{num_steps:,} x {format_bytes(per_step)} a step"
+    )
+    was_training = model.training
+    model.eval()
     n, bs = len(val.spec_x), task.cfg.val_batch_size
     sums = {f"{who}{key}": np.zeros(num_steps) for who in ("", "persistence_") for key in ERROR_METRICS}
     maps = [SphereErrorMap(kind="abs") for _ in range(num_steps)]

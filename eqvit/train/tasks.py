@@ -189,6 +189,8 @@ class ShallowWaterTask:
         )
         points = None if self.on_grid else torch.from_numpy(np.array(domain.points))
         self.data = ShallowWaterData(sw_cfg, points=points)
+        self.data.check_fits(cfg.batch_size, f"a training batch of data.batch_size {cfg.batch_size:,}")
+        self.data.check_fits(cfg.num_val, f"a validation set of data.num_val {cfg.num_val:,}")
         if self.on_grid:
             weights = latlon_quadrature_weights(cfg.nlat, cfg.nlon)
             colat = torch.acos(torch.from_numpy(np.array(domain.points))[:, 2].clamp(-1, 1))
