@@ -167,3 +167,48 @@ def test_a_truncated_image_mid_run_keeps_the_last_step_and_is_named(capsys, tmp_
     else:
         step = load_checkpoint(out / "last.safetensors")[1]["step"]
         assert f"the checkpoint of step {step} (the last completed) is in {out / 'last.safetensors'}" in err
+
+
+# ------------------------------------------------------------------------------------------------
+# 15. h5py, UTF-8 and integer-parsing errors name their file
+
+
+def test_a_file_that_is_not_hdf5_is_named(tmp_path):
+    pytest.importorskip("h5py")
+    from eqvit.data.scanobjectnn import read_h5
+
+    path = tmp_path / "training_objectdataset_augmentedrot_scale75.h5"
+    path.write_bytes(b"not an HDF5 file at all")
+    with pytest.raises(ValueError, match=f"cannot read the ScanObjectNN file {path}"):
+        read_h5(path)
+
+
+def test_a_cifar_class_list_that_is_not_utf8_is_named(tmp_path):
+    from eqvit.data.cifar10 import RECORD, classes
+
+    (tmp_path / "test_batch.bin").write_bytes(bytes(RECORD))
+    meta = tmp_path / "batches.meta.txt"
+    meta.write_bytes(b"airplane\n\xff\xfe\n")
+    with pytest.raises(ValueError, match=f"{meta}: not UTF-8 text"):
+        classes(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"), [(b"\xff\xfe3\n", "not UTF-8 text"), (b"three\ngdb 1\n", "invalid literal for int")]
+)
+def test_a_qm9_file_that_cannot_be_parsed_is_named_with_its_path(tmp_path, content, needle):
+    from eqvit.data.qm9 import read_xyz
+
+    path = tmp_path / "dsgdb9nsd_000001.xyz"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"QM9 .*file {path}.*{needle}"):
+        read_xyz(path)
+
+
+def test_a_file_that_is_not_rollout_maps_is_named(tmp_path):
+    from eqvit.train.rollout import load_maps
+
+    path = tmp_path / "maps.npz"
+    path.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ValueError, match=f"{path} is not a file of rollout error maps"):
+        load_maps(path)

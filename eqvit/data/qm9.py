@@ -213,11 +213,9 @@ def read_xyz(path: Path) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
         atoms = np.array([ATOMIC_NUMBERS[r[0]] for r in rows], dtype=np.int8)
         pos = np.array([[_float(v) for v in r[1:4]] for r in rows], dtype=np.float64)
     except (IndexError, KeyError, ValueError) as err:
-        raise ValueError(
-            f"QM9 molecule {Path(path).name}: cannot parse the file: {type(err).__name__}: {err}"
-        ) from None
+        raise ValueError(f"QM9 molecule file {path}: cannot parse it: {type(err).__name__}: {err}") from None
     if not (np.isfinite(pos).all() and np.isfinite(targets).all()):
-        raise ValueError(f"QM9 molecule {Path(path).name}: non-finite positions or properties")
+        raise ValueError(f"QM9 molecule file {path}: non-finite positions or properties")
     return index, pos, atoms, targets
 
 

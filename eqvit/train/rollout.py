@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -205,12 +206,17 @@ def save_maps(result: dict[str, Any], path: str | Path) -> None:
 
 
 def load_maps(path: str | Path) -> dict[int, tuple[np.ndarray | None, np.ndarray]]:
-    """Inverse of :func:`save_maps`."""
-    with np.load(path) as data:
-        steps = sorted(int(name.split("_")[1]) for name in data.files if name.startswith("persistence_"))
-        return {
-            k: (data[f"model_{k}"] if f"model_{k}" in data.files else None, data[f"persistence_{k}"]) for k in steps
-        }
+    """Inverse of :func:`save_maps`; a file that is not one is a ValueError naming it."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            steps = sorted(int(name.split("_")[1]) for name in data.files if name.startswith("persistence_"))
+            return {
+                k: (data[f"model_{k}"] if f"model_{k}" in data.files else None, data[f"persistence_{k}"]) for k in steps
+            }
+    except (OSError, ValueError, IndexError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(
+            f"{path} is not a file of rollout error maps (save_maps): {type(err).__name__}: {err}"
+        ) from None
 
 
 def plot_rollout_comparison(results: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> None:
