@@ -423,7 +423,7 @@ def reference_markdown() -> str:
     ]
     for name, command in sub.choices.items():
         width = 100  # not the terminal's: the page is the same wherever it is generated
-        command.formatter_class = lambda prog, cls=command.formatter_class: cls(prog, width=width)
+        command.formatter_class = lambda prog, cls=command.formatter_class, width=width: cls(prog, width=width)
         help_text = command.format_help().replace(parser.prog + " ", "eqvit ", 1)
         lines += [f"## eqvit {name}", "", "```text", help_text.rstrip(), "```", ""]
     return "\n".join(lines)

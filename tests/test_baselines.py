@@ -16,7 +16,7 @@ import torch
 from randomise import randomise_
 
 from eqvit import models
-from eqvit.data.shallow_water import latlon_points
+from eqvit.geometry.latlon import latlon_points
 from eqvit.groups import get_group
 from eqvit.models.baselines import S2TransformerBaseline, default_theta_cutoff
 from eqvit.testing import EquivarianceError, assert_equivariant

@@ -28,20 +28,22 @@ def c4_model(q: int = 1, **kwargs):
 def test_table1_layouts_give_four_heads_of_4q_features(q):
     irrepwise = c4_model(q, attention="irrepwise", irrep_heads=TABLE1)
     coupled = c4_model(q, attention="coupled", num_heads=4)
-    assert irrepwise.head_dims == coupled.head_dims == [4 * q] * 4
+    assert irrepwise.blocks[0].attn.head_dims == coupled.blocks[0].attn.head_dims == [4 * q] * 4
     heads = irrepwise.blocks[0].attn.heads
-    ftype = irrepwise.feature_type
+    ftype = irrepwise.token_type
     irrep_of = np.array([ftype.copies[c][0] for c in ftype.copy_index])
     # one head of A, one of B, two of E1 (Table 1), each holding copies of one irrep only
     assert [sorted({ftype.irreps[i].name for i in irrep_of[h]}) for h in heads] == [["A"], ["B"], ["E1"], ["E1"]]
     # the seed's "E" names the 2-d irrep E1 of C4
-    assert c4_model(q, attention="irrepwise", irrep_heads={"A": 1, "B": 1, "E": 2}).head_dims == [4 * q] * 4
+    assert (
+        c4_model(q, attention="irrepwise", irrep_heads={"A": 1, "B": 1, "E": 2}).blocks[0].attn.head_dims == [4 * q] * 4
+    )
 
 
 def test_default_irrepwise_and_coupled_head_dims():
-    assert c4_model(attention="irrepwise", num_heads=2).head_dims == [2, 2, 2, 2, 4, 4]  # 2 per irrep
+    assert c4_model(attention="irrepwise", num_heads=2).blocks[0].attn.head_dims == [2, 2, 2, 2, 4, 4]  # 2 per irrep
     m = eqvit.create_model("o2vit_square_tiny")  # D4, 3 coupled heads, 3 regular copies
-    assert m.head_dims == [8, 8, 8]
+    assert m.blocks[0].attn.head_dims == [8, 8, 8]
 
 
 @pytest.mark.parametrize(
@@ -84,7 +86,7 @@ def test_mlp_spaces_by_subgroup_name():
     assert trivial_fraction(G, [("C4", 2), ("D1", 2), ("D2[45deg]", 2)]) == 3 / 8
     model = eqvit.create_model("o2vit_square_tiny", mlp_spaces=[("C4", 1), ("D1", 1), ("D2[45deg]", 1)], num_classes=3)
     act = model.blocks[0].mlp.act
-    assert act.ftype.multiplicities[0] == 3  # one A1 per orbit
+    assert act.in_type.multiplicities[0] == 3  # one A1 per orbit
     assert act.basis.shape[0] == 2 + 4 + 2  # |D4/C4| + |D4/D1| + |D4/D2'|
 
 

@@ -296,13 +296,13 @@ def test_restriction_computes_the_same_function(grid, attention, sub):
     assert restricted.group.name == sub and restricted.group.parent is model.group
     assert type(restricted) is type(model) and restricted.embed_dim == model.embed_dim
     assert type(restricted.tokenizer) is type(model.tokenizer)
-    W = restricted.feature_type
-    assert W.group is restricted.group and W.dim == model.feature_type.dim
+    W = restricted.token_type
+    assert W.group is restricted.group and W.dim == model.token_type.dim
     # The multiplicities D_sigma are those of V restricted to H (the group core's Res, Theorem 2).
     G = model.group
     H = restricted.group
     expected = {k: 0 for k in (s.name for s in H.irreps)}
-    for rho, c in zip(model.feature_type.irreps, model.feature_type.multiplicities):
+    for rho, c in zip(model.token_type.irreps, model.token_type.multiplicities):
         from eqvit.groups import Representation
 
         for k, n in Representation(G, [rho]).restrict(H).multiplicities.items():
@@ -357,7 +357,7 @@ def test_registry_and_kwargs():
     assert m.config["attention"] == "irrepwise" and m.embed_dim == 3 * 4
     assert m(torch.randn(2, 1, 8, 8)).shape == (2, 7)
     m = eqvit.create_model("o2vit_square_tiny", embed_dim=16, num_heads=2)  # 2 regular copies of D4
-    assert m.feature_type == FeatureType.regular(get_group("D4"), 2)
+    assert m.token_type == FeatureType.regular(get_group("D4"), 2)
 
 
 def test_seed_configurations():
@@ -448,7 +448,7 @@ def test_fast_paths_match_dense_references():
     x = torch.randn(3, V.dim, dtype=torch.float64)
     torch.testing.assert_close(lin(x), F.linear(x, lin.weight_matrix(), lin.bias_vector()), rtol=0, atol=1e-12)
     act = FourierActivation.from_spaces(G, [("regular", 2)] + [(H, 1) for H in G.subgroups()]).double()
-    h = torch.randn(3, act.ftype.dim, dtype=torch.float64)
+    h = torch.randn(3, act.in_type.dim, dtype=torch.float64)
     torch.testing.assert_close(act(h), act.forward_dense(h), rtol=0, atol=1e-12)
     model = randomise_(tiny("hex", "D6")).double()
     mlp = model.blocks[0].mlp
@@ -686,7 +686,7 @@ def test_fused_model_keeps_the_interface(grid, group):
 
 def test_fuse_folds_a_norm_with_another_centre():
     model = randomise_(tiny("square", "D4")).double().eval()
-    V = model.feature_type
+    V = model.token_type
     model.blocks[1].norm2 = randomise_(IrrepLayerNorm(V, center=V.trivial_index[:2])).double()
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     fused = eqvit.fuse(model)

@@ -147,8 +147,8 @@ def test_lifting_scalars_and_vectors(name):
 
 def test_regular_norm_and_layerscale_share_parameters_across_frames():
     group = get_group("T")
-    norm = randomise_(RegularLayerNorm(group.order, 6).double())
-    scale = randomise_(RegularLayerScale(group.order, 6).double())
+    norm = randomise_(RegularLayerNorm(group, 6).double())
+    scale = randomise_(RegularLayerScale(group, 6).double())
     x = torch.randn(4, group.order * 6, dtype=torch.float64)
     assert norm.weight.shape == (6,) and scale.gamma.shape == (6,)
     assert max_frame_error(group, norm, x) < 1e-12

@@ -112,7 +112,7 @@ def test_every_combination_restricts(name, extra, posenc, attention):
     n_g, n_h = (sum(p.numel() for p in m.parameters()) for m in (model, restricted))
     assert n_h > n_g
     if "layout" in extra:  # the restricted model keeps the storage layout
-        assert restricted.feature_type.layout == model.feature_type.layout == extra["layout"]
+        assert restricted.token_type.layout == model.token_type.layout == extra["layout"]
     label = name + "".join(f" ({v})" for v in extra.values() if isinstance(v, str))
     RESTRICTION_TABLE[(label, posenc, attention)] = (sub, err, report.max_relative_error, n_g, n_h)
 

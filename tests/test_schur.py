@@ -130,7 +130,7 @@ def test_rows_mlp_costs_the_schur_minimum_and_two_transforms():
         mlp(x)
     schur = sum(m.numel() for m in mlp.fc1.schur_mats() + mlp.fc2.schur_mats() if m is not None)
     s = mlp.act.slab_inverse.shape[0]
-    n = mlp.act.ftype.dim // s
+    n = mlp.act.in_type.dim // s
     assert counter.get_total_flops() == 2 * T * schur + 2 * (2 * s * s * n * T)
 
 

@@ -198,10 +198,13 @@ def test_intermediates_are_the_block_outputs(name):
         last = model.forward_intermediates(x, indices=[-1], stop_early=True, intermediates_only=True)
         first = model.forward_intermediates(x, indices=[0], stop_early=True, intermediates_only=True)
     for ref, a, b, (c, prefix) in zip(reference, nlc, nchw, normed):
-        torch.testing.assert_close(a, ref[:, p:], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(a, model.to_token_type(ref[:, p:]), rtol=1e-10, atol=1e-12)  # in token_type
         assert torch.equal(model.token_grid.from_map(b).transpose(1, 2), a)  # NCHW is NLC laid out as a map
         torch.testing.assert_close(
-            model.token_grid.from_map(c).transpose(1, 2), model.norm(ref)[:, p:], rtol=1e-10, atol=1e-12
+            model.token_grid.from_map(c).transpose(1, 2),
+            model.to_token_type(model.norm(ref)[:, p:]),
+            rtol=1e-10,
+            atol=1e-12,
         )
         torch.testing.assert_close(prefix, model.norm(ref)[:, :p], rtol=1e-10, atol=1e-12)
     assert torch.equal(last[0], nchw[-1]) and torch.equal(first[0], nchw[0])

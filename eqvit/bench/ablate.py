@@ -715,7 +715,7 @@ def train_attention_cell(cell: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
         lr = IMAGE_LR
     row = {k: cell[k] for k in ("dataset", "layout", "q", "ratio", "seed", "epochs", "patience")}
-    row.update(result, head_dims=list(model.head_dims), lr=lr, seconds=time.perf_counter() - start)
+    row.update(result, head_dims=model.blocks[0].attn.head_dims, lr=lr, seconds=time.perf_counter() - start)
     row["loadavg"] = os.getloadavg()
     return row
 

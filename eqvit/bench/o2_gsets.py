@@ -68,7 +68,7 @@ def train_run(spec: dict) -> dict:
     data = rotated_mnist(spec["ratio"], seed=spec["seed"], img_size=IMG_SIZE)
     torch.manual_seed(spec["seed"])
     model, spaces = build(spec["q"], spec["gset"], spec["mlp_ratio"], spec["depth"])
-    hidden = model.blocks[0].mlp.act.ftype
+    hidden = model.blocks[0].mlp.act.in_type
     start = time.perf_counter()
     _, history = fit_classifier(
         model, data["train"], data["val"], epochs=spec["epochs"], batch_size=16, lr=1e-3, patience=spec["patience"],

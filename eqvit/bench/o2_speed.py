@@ -76,7 +76,7 @@ def describe(name: str, model: torch.nn.Module) -> dict:
         "heads": len(blk.attn.heads),
         "head_sizes": sorted({len(h) for h in blk.attn.heads}),
         "mlp_hidden": blk.mlp.folded_weights()[0].shape[0],
-        "feature_type": str(model.feature_type),
+        "feature_type": str(model.token_type),
     }
 
 

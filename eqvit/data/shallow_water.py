@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 
 from eqvit.data.cache import CorruptCacheError, cached, digest
+from eqvit.geometry.latlon import LATLON_GRIDS, latlon_points
 from eqvit.utils import atomic_write, check_memory, format_bytes
 
 __all__ = [
@@ -69,7 +70,6 @@ __all__ = [
 ]
 
 CHANNELS = ("geopotential", "vorticity", "divergence")
-_GRIDS = ("equiangular", "legendre-gauss", "lobatto")
 _DOMAINS = ("points", "grid", "both")
 
 
@@ -113,8 +113,8 @@ class ShallowWaterConfig:
     num_threads: int | None = 1
 
     def __post_init__(self):
-        if self.grid not in _GRIDS:
-            raise ValueError(f"unknown grid {self.grid!r}; expected one of {list(_GRIDS)}")
+        if self.grid not in LATLON_GRIDS:
+            raise ValueError(f"unknown grid {self.grid!r}; expected one of {list(LATLON_GRIDS)}")
         for name in ("nlat", "nlon", "num_substeps", "steps_per_trajectory", "stats_samples"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -157,26 +157,6 @@ class ShallowWaterConfig:
 # --------------------------------------------------------------------------------------
 # geometry and spherical-harmonic synthesis
 # --------------------------------------------------------------------------------------
-
-
-def latlon_points(nlat: int, nlon: int, grid: str = "equiangular") -> torch.Tensor:
-    """Unit vectors ``[nlat * nlon, 3]`` (float64) of torch-harmonics' lat-lon grid.
-
-    Row ``i * nlon + j`` is grid point ``(i, j)``: colatitude ``theta_i`` from
-    ``torch_harmonics.quadrature.precompute_latitudes`` (``theta_0 = 0`` is the north pole,
-    as in ``ShallowWaterSolver.lats``), longitude ``phi_j = 2 pi j / nlon``.
-    """
-    from torch_harmonics.quadrature import precompute_latitudes, precompute_longitudes
-
-    if grid not in _GRIDS:
-        raise ValueError(f"unknown grid {grid!r}; expected one of {list(_GRIDS)}")
-    theta, _ = precompute_latitudes(nlat, grid=grid)
-    phi = precompute_longitudes(nlon)
-    theta = theta.to(torch.float64).reshape(nlat, 1)
-    phi = phi.to(torch.float64).reshape(1, nlon)
-    sin_t = torch.sin(theta)
-    xyz = torch.stack((sin_t * torch.cos(phi), sin_t * torch.sin(phi), torch.cos(theta).expand(nlat, nlon)), dim=-1)
-    return xyz.reshape(nlat * nlon, 3).contiguous()
 
 
 def _check_points(points: torch.Tensor, name: str = "points") -> torch.Tensor:

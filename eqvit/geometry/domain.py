@@ -15,14 +15,9 @@ def _name(dtype: torch.dtype) -> str:
 def parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
     """The dtype of ``module``'s first floating-point parameter (in ``module.parameters()`` order): the dtype
     its inputs must have."""
-    # A plain depth-first walk that stops at the first parameter: ``module.parameters()`` would build a prefixed
-    # name and a memo entry for each module it passes.
-    for param in module._parameters.values():
-        if param is not None and param.is_floating_point():
+    for param in module.parameters():
+        if param.is_floating_point():
             return param.dtype
-    for child in module._modules.values():
-        if child is not None and (dtype := parameter_dtype(child)) is not None:
-            return dtype
     return None
 
 
@@ -203,13 +198,19 @@ class TokenMap:
         shape: the map's spatial shape.
         cells: ``[M]`` flat cell of every token (default: ``arange(M)``, a full grid in token order).
         name: description used in error messages.
+        reduction: input pixels per map step (timm's ``feature_info`` ``reduction``).
     """
 
     def __init__(
-        self, points: np.ndarray, shape: tuple[int, ...], cells: np.ndarray | None = None, name: str = "token map"
+        self,
+        points: np.ndarray,
+        shape: tuple[int, ...],
+        cells: np.ndarray | None = None,
+        name: str = "token map",
+        reduction: int = 1,
     ) -> None:
         self.tokens = PointDomain(points, name=name)
-        self.points, self.shape, self.name = self.tokens.points, tuple(shape), name
+        self.points, self.shape, self.name, self.reduction = self.tokens.points, tuple(shape), name, int(reduction)
         size = int(np.prod(self.shape))
         self.cells = np.arange(len(self.points)) if cells is None else np.asarray(cells, dtype=np.int64)
         if len(self.cells) != len(self.points) or len(np.unique(self.cells)) != len(self.cells):

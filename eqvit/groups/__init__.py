@@ -25,11 +25,11 @@ __all__ = [
     "cyclic",
     "dihedral",
     "get_group",
-    "resolve_group",
     "icosahedral",
     "list_groups",
     "octahedral",
     "register_group",
+    "resolve_group",
     "tetrahedral",
 ]
 

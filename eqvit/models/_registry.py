@@ -60,9 +60,7 @@ def refuse_classifier_kwargs(variant: str, kwargs: dict[str, Any]) -> None:
         )
 
 
-def list_models(
-    pattern: str = "*", exclude_filters: str | Sequence[str] = (), inputs: str | None = None
-) -> list[str]:
+def list_models(pattern: str = "*", exclude_filters: str | Sequence[str] = (), inputs: str | None = None) -> list[str]:
     """Registered model names matching the fnmatch ``pattern``, sorted; without those matching a pattern of
     ``exclude_filters`` (as timm's ``list_models``); with ``inputs`` (``"images"``, ``"sphere"``, ``"points"``)
     only the models that take it."""

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from eqvit.data.shallow_water import latlon_points
 from eqvit.geometry.domain import PointDomain, parameter_dtype
+from eqvit.geometry.latlon import latlon_points
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import refuse_classifier_kwargs, register_model, strip_timm_kwargs
 from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs

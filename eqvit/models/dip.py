@@ -60,7 +60,7 @@ class DenoiserHead(nn.Module):
 
     def __init__(self, group: FiniteGroup, channels: int, cond_dim: int, num_types: int) -> None:
         super().__init__()
-        self.norm = RegularLayerNorm(group.order, channels)
+        self.norm = RegularLayerNorm(group, channels)
         self.modulation = FrameModulation(group.order, channels, cond_dim, 2)
         self.vector = FrameVectorReadout(group, channels, zero_init=True)
         self.scalars = FrameScalarReadout(group.order, channels, num_types, zero_init=True)
@@ -134,9 +134,9 @@ class PlatonicDenoiser(nn.Module):
         rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # plain floats: meta-device builds
         self.blocks = nn.ModuleList(
             AdaLNZeroBlock(
-                RegularLayerNorm(G, channels),
+                RegularLayerNorm(frames, channels),
                 attn_cls(frames, channels, num_heads, qkv_bias, qk_norm, 0.0, 0.0, fused_attn, "frames", impl),
-                RegularLayerNorm(G, channels),
+                RegularLayerNorm(frames, channels),
                 PlatonicMlp(frames, channels, int(channels * mlp_ratio), impl=impl),
                 FrameModulation(G, channels, cond_dim, 6),
                 drop_path=rate,

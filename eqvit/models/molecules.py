@@ -39,7 +39,7 @@ from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import finish, pop_options, register_cfgs
 from eqvit.models.platonic import _channels, default_heads, platonic_cfg, spatial_frames
 from eqvit.models.restrict_platonic import restrictor
-from eqvit.models.vit import EquivariantViT, PointCloudViT
+from eqvit.models.vit import EquivariantViT, PointCloudViT, build_blocks
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import FeatureGather
 from eqvit.nn.platonic import InvariantPoolHead, PlatonicAttention, platonic_block
@@ -193,27 +193,22 @@ def build_molecule_model(
         posenc, layout, min_wavelength=min_wavelength, max_wavelength=max_wavelength, learnable_freqs=learnable_freqs
     )
     head = MoleculeHead(frames, channels, num_targets, atom_pool=atom_pool, drop=drop_rate)
-    model = PointCloudViT(
+    return PointCloudViT(
         tokenizer=LiftedPointEmbed(frames, in_chans, channels),
-        input_encoding=CentredPoints(),
+        blocks=build_blocks(block_fn, depth, drop_path_rate),
+        norm=RegularLayerNorm(frames, channels),
         head=head,
-        posenc=rope,
-        domain=PointCloudDomain(3, num_points),
         embed_dim=embed_dim,
-        depth=depth,
-        num_heads=heads,
-        drop_rate=drop_rate,
-        block_fn=block_fn,
-        norm_layer=RegularLayerNorm(frames.order, channels),
+        posenc=rope,
+        input_encoding=CentredPoints(),
+        domain=PointCloudDomain(3, num_points),
         group=frames,
+        token_type=FeatureType.frames(frames, channels),
         in_chans=in_chans,
         out_chans=num_targets or head.num_features,
-        output_action="invariant",
-        fused_attn=fused_attn,
+        drop_rate=drop_rate,
         config=config,
     )
-    model.frames = frames
-    return model
 
 
 def _create(variant: str, **kwargs: Any) -> EquivariantViT:

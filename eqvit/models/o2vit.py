@@ -22,9 +22,9 @@ from eqvit.groups import FiniteGroup, resolve_group
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
-from eqvit.models.vit import EquivariantViT
+from eqvit.models.vit import EquivariantViT, build_blocks
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
-from eqvit.nn.irrep_attention import ATTENTION_LAYOUTS, head_basis, head_layout
+from eqvit.nn.irrep_attention import get_head_layout, head_basis, head_layout
 from eqvit.nn.irrep_blocks import ClassTokenHead, TokenInvariants, irrep_block
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block
@@ -142,12 +142,13 @@ def build_o2vit(
             :class:`~eqvit.groups.FiniteGroup` (e.g. ``get_group("D4").subgroup(...)``); others are refused,
             naming the element that does not map the grid onto itself.
         attention: ``"coupled"`` (``num_heads`` heads), ``"irrepwise"`` (``num_heads`` per irrep, or
-            ``irrep_heads``) or ``"frames"`` (frames as heads in the frame basis, ``num_heads`` per frame).
+            ``irrep_heads``), ``"frames"`` (frames as heads in the frame basis, ``num_heads`` per frame) or a
+            layout registered with :func:`eqvit.nn.irrep_attention.register_head_layout`.
         irrep_heads: irrep-wise attention only: ``{irrep name: heads}``, a number of heads per irrep
             (names ``G.irreps[i].name``; the seed's ``E`` stands for ``E1`` where that is the only 2-d
             irrep). The seed's Table 1 for C4 with ``regular_copies=4q``: ``{"A": 1, "B": 1, "E1": 2}``,
             four heads of 4q features. ValueError when a count does not divide the multiplicity.
-            ``model.head_dims`` lists the width of every head.
+            ``model.blocks[0].attn.head_dims`` lists the width of every head.
         posenc: a positional scheme registered for irrep-wise tokens (:mod:`eqvit.nn.posenc.registry`):
             ``"invariant_ape"`` (Sec. 4.2.2), ``"frame_rope"`` (frame RoPE on q, k in the frame basis, the patch
             centres as positions; needs copies of the regular representation) or ``"none"``; or a
@@ -168,8 +169,7 @@ def build_o2vit(
     config["posenc"] = posenc_name(posenc)
     if grid not in GRIDS:
         raise unknown_name_error("grid", grid, GRIDS)
-    if attention not in ATTENTION_LAYOUTS:
-        raise unknown_name_error("attention layout", attention, ATTENTION_LAYOUTS)
+    layout_spec = get_head_layout(attention)  # ValueError naming the registered layouts
     if grid == "square":
         if img_size is None:
             raise ValueError("square models take images: pass img_size (the side of the square input)")
@@ -195,7 +195,7 @@ def build_o2vit(
             regular_copies = num_heads
         ftype = FeatureType.regular(G, regular_copies, layout=layout)
         copies = regular_copies
-    if irrep_heads is not None and attention != "irrepwise":
+    if irrep_heads is not None and not layout_spec.counts_per_irrep:
         raise ValueError(f"irrep_heads needs attention='irrepwise', got attention={attention!r}")
     heads = head_layout(ftype, irrep_heads if irrep_heads is not None else num_heads, attention)
     basis = head_basis(ftype, attention)
@@ -208,13 +208,13 @@ def build_o2vit(
         tokenizer = SquarePatchTokenizer(G, img_size, patch_size, in_chans, ftype)
         domain = square_domain(img_size)
         side = img_size // patch_size
-        token_grid = TokenMap(tokenizer.centers, (side, side), name=f"the {side}x{side} patch grid")
+        token_map = ((side, side), None, f"the {side}x{side} patch grid")
         reduction = token_spacing = patch_size
     else:
         tokenizer = HexPatchTokenizer(G, hexgrid, in_chans, ftype)
         shape, cells = hexgrid.patch_map()
         name = f"the {tokenizer.num_tokens} hexagonal patch centres in a {shape[0]}x{shape[1]} axial map"
-        token_grid = TokenMap(tokenizer.centers, shape, cells, name=name)
+        token_map = (shape, cells, name)
         spacing = hexgrid.spacing * math.sqrt(3)  # centre-to-centre distance in hexagonal pixels
         token_spacing = max(1, round(spacing))
         if img_size is None:
@@ -259,33 +259,24 @@ def build_o2vit(
             frame_rope=frame_rope,
         )
 
-    model = EquivariantViT(
+    return EquivariantViT(
         tokenizer=tokenizer,
+        blocks=build_blocks(block_fn, depth, drop_path_rate),
+        norm=IrrepLayerNorm(ftype),
         head=head,
         embed_dim=ftype.dim,
-        depth=depth,
-        num_heads=len(heads),
-        drop_rate=drop_rate,
-        drop_path_rate=drop_path_rate,
         posenc=scheme,
+        readout=readout,
         input_encoding=input_encoding,
-        group=symmetry,
         domain=domain,
+        group=symmetry,
+        token_type=ftype,
+        token_grid=TokenMap(tokenizer.centers, *token_map, reduction=reduction),
         in_chans=in_chans,
         out_chans=num_classes or head.num_features,
-        output_action="invariant",
-        block_fn=block_fn,
-        norm_layer=IrrepLayerNorm(ftype),
-        num_prefix_tokens=1,
+        drop_rate=drop_rate,
         config=config,
-        token_grid=token_grid,
-        token_type=ftype,
-        feature_reduction=reduction,
-        readout=readout,
     )
-    model.feature_type = ftype
-    model.head_dims = [len(h) for h in heads]  # width of each attention head, in order (every block alike)
-    return model
 
 
 def square_domain(img_size: int) -> PointDomain:

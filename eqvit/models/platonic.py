@@ -35,12 +35,12 @@ from eqvit.models._checks import check_model_args
 from eqvit.models._registry import register_model, strip_timm_kwargs
 from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
 from eqvit.models.so3vit import SYMMETRY_BREAKING, icosphere_domain, rotations_about_z
-from eqvit.models.vit import EquivariantViT, PointCloudViT
+from eqvit.models.vit import EquivariantViT, PointCloudViT, build_blocks
 from eqvit.nn.basis import AttentionInBasis
-from eqvit.nn.irrep_attention import IrrepAttention, irrepwise_heads
+from eqvit.nn.irrep_attention import IrrepAttention, get_head_layout, head_layout, list_head_layouts
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block
-from eqvit.nn.platonic import SCORES, FramePoolDense, InvariantPoolHead, platonic_block
+from eqvit.nn.platonic import SCORES, FourierToFrames, FramePoolDense, InvariantPoolHead, platonic_block
 from eqvit.nn.posenc import LatitudeEncoding, PositionalScheme
 from eqvit.nn.posenc.registry import TokenLayout, build_posenc, posenc_name
 from eqvit.nn.regular import FourierLayerNorm, RegularBasis, RegularLayerNorm
@@ -56,7 +56,7 @@ from eqvit.utils import unknown_name_error
 
 SPATIAL_FRAMES = ("trivial", "T", "O", "I")
 IMAGE_FRAMES = ("C1", "C2", "C4", "D1", "D2", "D4")  # the built-in groups of the square lattice
-ATTENTIONS = ("frames", "coupled", "irrepwise")
+NATIVE_ATTENTIONS = ("frames", "coupled")  # PlatonicAttention's own layouts: scores per frame, or invariant
 STREAMS = ("auto", "frames", "fourier")
 # stream="auto" keeps image models' residual stream in the Fourier basis from this many channels per frame on
 # (below it the Schur form's per-irrep matmuls are too small to beat one dense matmul) and for groups whose
@@ -177,19 +177,38 @@ def choose_stream(stream: str, kind: str, group: FiniteGroup, channels: int, att
     return stream
 
 
+def attention_layouts() -> list[str]:
+    """The attention layouts a Platonic model takes: its own two, then the irrep-basis layouts registered with
+    :func:`~eqvit.nn.irrep_attention.register_head_layout` (``"irrepwise"`` and any added)."""
+    return [*NATIVE_ATTENTIONS, *(n for n in list_head_layouts() if n not in NATIVE_ATTENTIONS)]
+
+
+def check_attention(attention: str, group: FiniteGroup, channels: int) -> None:
+    """ValueError unless ``attention`` is a native layout or a registered layout in the irrep basis."""
+    if attention in NATIVE_ATTENTIONS:
+        return
+    if not isinstance(attention, str) or attention not in list_head_layouts():
+        raise unknown_name_error("attention layout", attention, attention_layouts())
+    if get_head_layout(attention).basis(FeatureType.regular(group, channels)) is not None:
+        raise ValueError(
+            f"attention layout {attention!r} is not in the irrep basis; Platonic models run the "
+            f"registered layouts in the irrep basis, and their own {list(NATIVE_ATTENTIONS)}"
+        )
+
+
 def _blocks(group: FiniteGroup, channels: int, num_heads: int, options: dict[str, Any], attention: str, rope: bool):
     """Blocks with the ``attention`` layout: frames (scores per frame) and coupled (one score over all
-    frames of a channel group, the seed's invariant scores) are :class:`PlatonicAttention`; irrep-wise
-    heads run in the Fourier basis (:class:`~eqvit.nn.basis.AttentionInBasis` around an
-    :class:`IrrepAttention`, whose frame RoPE rotates q, k back in the frame basis)."""
+    frames of a channel group, the seed's invariant scores) are :class:`PlatonicAttention`; registered
+    irrep-basis layouts (irrep-wise heads) run in the Fourier basis (:class:`~eqvit.nn.basis.AttentionInBasis`
+    around an :class:`IrrepAttention`, whose frame RoPE rotates q, k back in the frame basis)."""
 
     def attn_fn() -> nn.Module | None:
-        if attention != "irrepwise":
+        if attention in NATIVE_ATTENTIONS:
             return None
         ftype = FeatureType.regular(group, channels)
         inner = IrrepAttention(
             ftype,
-            irrepwise_heads(ftype, num_heads),
+            head_layout(ftype, num_heads, attention),
             qkv_bias=options["qkv_bias"],
             attn_drop=options["attn_drop"],
             fused=options["fused_attn"],
@@ -281,13 +300,9 @@ def build_platonic(
         raise ValueError(f"unknown scores {scores!r}; valid: {', '.join(SCORES)}")
     if attention is None:
         attention = "frames" if scores == "frames" else "coupled"
-    if attention not in ATTENTIONS:
-        raise unknown_name_error("attention layout", attention, ATTENTIONS)
     if scores != "frames" and attention != "coupled":
         raise ValueError(f"scores={scores!r} is the coupled layout; it does not go with attention={attention!r}")
     scores = "invariant" if attention == "coupled" else "frames"
-    if attention == "irrepwise" and qk_norm:
-        raise ValueError("qk_norm is not defined for irrep-wise heads (a LayerNorm over a head is not equivariant)")
     heads = default_heads(frames, num_heads)
     if embed_dim is None:
         if target_width is None:
@@ -296,6 +311,9 @@ def build_platonic(
         step = frames.order * heads * 2
         embed_dim = max(step, step * round(target_width / step))
     channels = _channels(frames, embed_dim, heads)
+    check_attention(attention, frames, channels)
+    if attention not in NATIVE_ATTENTIONS and qk_norm:
+        raise ValueError("qk_norm is not defined for irrep-wise heads (a LayerNorm over a head is not equivariant)")
     basis = choose_stream(stream, kind, frames, channels, attention)
     options = dict(
         mlp_ratio=mlp_ratio,
@@ -320,20 +338,20 @@ def build_platonic(
     def build(model_cls: type[EquivariantViT], posenc_scheme: PositionalScheme, **kwargs: Any) -> EquivariantViT:
         """The model with the blocks for ``posenc_scheme`` (irrep-wise heads rotate in the frame basis)."""
         kwargs.setdefault("group", symmetry)
+        block_fn = _blocks(frames, channels, heads, options, attention, posenc_scheme.rotary_split is not None)
         return model_cls(
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=heads,
-            drop_rate=drop_rate,
-            block_fn=_blocks(frames, channels, heads, options, attention, posenc_scheme.rotary_split is not None),
-            norm_layer=(
-                RegularLayerNorm(frames.order, channels)
+            blocks=build_blocks(block_fn, depth, drop_path_rate),
+            norm=(
+                RegularLayerNorm(frames, channels)
                 if basis == "frames"
                 else FourierLayerNorm(RegularBasis(frames, channels))
             ),
+            embed_dim=embed_dim,
             posenc=posenc_scheme,
+            token_type=FeatureType.frames(frames, channels),  # the stream's content, whatever basis keeps it
+            to_token_type=FourierToFrames(frames, channels) if basis == "fourier" else None,
             in_chans=in_chans,
-            fused_attn=fused_attn,
+            drop_rate=drop_rate,
             config=config,
             **kwargs,
         )
@@ -350,7 +368,6 @@ def build_platonic(
             head=head,
             domain=PointCloudDomain(3, num_points),
             out_chans=classes or head.num_features,
-            output_action="invariant",
         )
     elif kind == "image":
         tokenizer = LiftedSquarePatchEmbed(frames, img_size, patch_size, in_chans, channels, basis)
@@ -369,12 +386,12 @@ def build_platonic(
                 name=f"the {img_size}x{img_size} square grid",
             ),
             out_chans=classes or head.num_features,
-            output_action="invariant",
             token_grid=TokenMap(
-                square_patch_layout(img_size, patch_size)[1], (side, side), name=f"the {side}x{side} patch grid"
+                square_patch_layout(img_size, patch_size)[1],
+                (side, side),
+                name=f"the {side}x{side} patch grid",
+                reduction=patch_size,
             ),
-            token_type=tokenizer.out_type,
-            feature_reduction=patch_size,
         )
     else:
         tokenizer = LiftedIcosphereEmbed(frames, in_chans, channels, input_level, patch_level)
@@ -395,8 +412,6 @@ def build_platonic(
             out_chans=out,
             group=kept,
         )
-    model.frames = frames
-    model.stream = basis
     return model
 
 
@@ -404,7 +419,7 @@ def on_frame_stream(model: EquivariantViT) -> EquivariantViT:
     """``model`` with its residual stream on the frames (itself when it is there already): a new model built
     from ``model.config`` with ``stream="frames"``, holding the same parameters (strictly loaded), dtype,
     device, mode and timm configuration. Restriction to a subgroup starts from it."""
-    if getattr(model, "stream", "frames") == "frames":
+    if not isinstance(model.to_token_type, FourierToFrames):  # the stream is on the frames already
         return model
     like = next(model.parameters())
     twin = build_platonic(**{**model.config, "stream": "frames"}).to(device=like.device, dtype=like.dtype)

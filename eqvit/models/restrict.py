@@ -89,6 +89,6 @@ class SymmetryRelaxation:
 
     def step(self, model: EquivariantViT, epoch: int) -> tuple[EquivariantViT, bool]:
         target = self.schedule.get(int(epoch))
-        if target is None or target == getattr(model, "frames", model.group).name:  # Platonic: the frames
+        if target is None or target == model.token_type.group.name:  # the features' group (Platonic: the frames)
             return model, False
         return restrict(model, target), True

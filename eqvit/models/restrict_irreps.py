@@ -30,7 +30,7 @@ from torch import nn
 
 from eqvit.geometry.domain import symmetry_subgroup
 from eqvit.groups import FiniteGroup, Representation
-from eqvit.models.restriction import Restriction, restrict_children, restrict_module, restrictor
+from eqvit.models.restriction import Restriction, restrict_module, restricted_model, restrictor
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.activation import FourierActivation
 from eqvit.nn.basis import FrameRotary, HeadBasis, IdentityBasis
@@ -151,9 +151,9 @@ def _restrict_linear(layer: IrrepLinear, r: IrrepRestriction) -> IrrepLinear:
 @restrictor(IrrepLayerNorm, kind=IrrepRestriction)
 def _restrict_norm(norm: IrrepLayerNorm, r: IrrepRestriction) -> IrrepLayerNorm:
     """Centred on the image of G's centring coordinates; each W copy scaled like the G copy it comes from."""
-    V = norm.ftype
+    V = norm.in_type
     W, R = r.map(V)
-    center = np.flatnonzero(_f64(norm._exact_masters["center_weights"]) > 0)
+    center = np.flatnonzero(_f64(norm.exact_buffer("center_weights")) > 0)
     new = IrrepLayerNorm(W, eps=norm.eps, center=_support(R, center)).double()
     gamma_v = _f64(norm.weight)[V.copy_index]  # per coordinate
     gamma_w = gamma_v[np.abs(R).argmax(axis=1)]  # each W coordinate comes from one G copy
@@ -172,14 +172,17 @@ def _restrict_norm(norm: IrrepLayerNorm, r: IrrepRestriction) -> IrrepLayerNorm:
 @restrictor(FourierActivation, kind=IrrepRestriction)
 def _restrict_activation(act: FourierActivation, r: IrrepRestriction) -> FourierActivation:
     """X viewed as an H-set: the G Fourier basis of C(X) composed with ``R'^T``."""
-    W, R = r.map(act.ftype)
-    return FourierActivation(W, _f64(act._exact_masters["basis"]) @ R.T, act=copy.deepcopy(act.act))
+    W, R = r.map(act.in_type)
+    return FourierActivation(W, _f64(act.exact_buffer("basis")) @ R.T, act=copy.deepcopy(act.act))
 
 
 @restrictor(IrrepMlp, kind=IrrepRestriction)
 def _restrict_mlp(mlp: IrrepMlp, r: IrrepRestriction) -> IrrepMlp:
-    new = restrict_children(mlp, r)
-    new.select_forward()  # the restricted activation need not be strided: the forward follows the layers
+    """A new MLP on H's types (its forward follows its layers), loaded with the restricted linears."""
+    like = mlp.fc1.weight
+    new = IrrepMlp(r.restricted_type(mlp.in_type), restrict_module(mlp.act, r)).to(like.device, like.dtype)
+    new.fc1.load_state_dict(restrict_module(mlp.fc1, r).state_dict())
+    new.fc2.load_state_dict(restrict_module(mlp.fc2, r).state_dict())
     return new
 
 
@@ -190,8 +193,8 @@ def _restrict_attention(attn: IrrepAttention, r: IrrepRestriction) -> IrrepAtten
     In the irrep basis a head's image is its support in W (whole H copies). Heads in another basis
     ``u = x T`` keep their coordinates: with ``x = y R`` they are coordinates of ``y (R T)``.
     """
-    W, R = r.map(attn.ftype)
-    T = attn.head_basis._exact_masters["matrix"].numpy() if isinstance(attn.head_basis, HeadBasis) else None
+    W, R = r.map(attn.in_type)
+    T = attn.head_basis.exact_buffer("matrix").numpy() if isinstance(attn.head_basis, HeadBasis) else None
     if T is None:
         heads, basis, new_T = [_support(R, h) for h in attn.heads], None, np.eye(W.dim)
     else:
@@ -204,12 +207,12 @@ def _restrict_attention(attn: IrrepAttention, r: IrrepRestriction) -> IrrepAtten
         setattr(new, name, restrict_module(getattr(attn, name), r))
     if isinstance(attn.rotary, FrameRotary):
         # old layout = y (R T)[:, perm] and y = new layout (T'[:, perm'])^T: compose with the old map to frames.
-        old_T = np.eye(attn.ftype.dim) if T is None else T
+        old_T = np.eye(attn.in_type.dim) if T is None else T
         perm, new_perm = attn.perm.cpu().numpy(), new.perm.cpu().numpy()
         layout = new_T[:, new_perm].T @ (R @ old_T)[:, perm]
         rot = attn.rotary
         new.rotary = FrameRotary(
-            rot.order, rot.channels, layout @ rot._exact_masters["to_frames"].numpy(), rot.rope_heads, rot.rope_head_dim
+            rot.order, rot.channels, layout @ rot.exact_buffer("to_frames").numpy(), rot.rope_heads, rot.rope_head_dim
         )
     elif not isinstance(attn.rotary, type(new.rotary)):
         raise ValueError(f"no restriction is known for the rotary adapter {type(attn.rotary).__name__}")
@@ -225,7 +228,7 @@ def _keep_frame_rope(rope: FrameRoPE, r: IrrepRestriction) -> FrameRoPE:
 @restrictor(InvariantAPE, kind=IrrepRestriction)
 def _restrict_ape(ape: InvariantAPE, r: IrrepRestriction) -> InvariantAPE:
     """The encoding ``p R^T``, re-expanded in H's (larger) invariant basis."""
-    W, R = r.map(ape.ftype)
+    W, R = r.map(ape.embedding_type)
     new = InvariantAPE(r.H, ape.centers, W).double()
     new.load_embedding_(_f64(ape.embedding()) @ R.T)
     return new
@@ -240,8 +243,8 @@ def _restrict_planar(tok: PlanarTokenizer, new: PlanarTokenizer, r: IrrepRestric
     V = tok.out_type
     _, R = r.map(V)
     new = new.double()
-    filters_g = _f64(tok.embed.proj.weight_matrix()) @ _f64(tok.embed._exact_masters["filter_basis"])
-    basis_h = _f64(new.embed._exact_masters["filter_basis"])
+    filters_g = _f64(tok.embed.proj.weight_matrix()) @ _f64(tok.embed.exact_buffer("filter_basis"))
+    basis_h = _f64(new.embed.exact_buffer("filter_basis"))
     b = tok.embed.proj.bias_vector()
     new.embed.proj.load_dense_(R @ filters_g @ basis_h.T, None if b is None else R @ _f64(b))
     if tok.cls_token is not None:
@@ -288,29 +291,24 @@ def _restrict_invariants(readout: TokenInvariants, r: IrrepRestriction) -> Token
 
 @restrictor(EquivariantViT, kind=IrrepRestriction)
 def _restrict_model(model: EquivariantViT, r: IrrepRestriction) -> EquivariantViT:
-    """The model with every child restricted, then its group, feature types and config set."""
-    new = restrict_children(model, r)
-    W = r.restricted_type(model.feature_type)
-    # the input's symmetries: all of H, or on square images resampled onto hexagons those that map the image
-    new.group, new.feature_type = symmetry_subgroup(r.H, model.domain.points), W
-    if getattr(model, "token_type", None) is not None:
-        new.token_type = r.restricted_type(model.token_type)
-    new.config = dict(model.config, group=r.H.name, restricted_from=r.G.name)
-    new.default_cfg = new.pretrained_cfg = dict(getattr(model, "default_cfg", {}))
-    new.train(model.training)
-    return new
+    """The model of the restricted components: H's token type, and as its group the input's symmetries (all of H,
+    or on square images resampled onto hexagons those that map the image onto itself)."""
+    group = symmetry_subgroup(r.H, model.domain.points)
+    return restricted_model(
+        model, r, group, r.restricted_type(model.token_type), group=r.H.name, restricted_from=r.G.name
+    )
 
 
 def is_irrep_model(model: nn.Module) -> bool:
-    """Whether ``model`` is an irrep-feature ViT (``o2vit_*``, or a restriction of one)."""
-    ftype = getattr(model, "feature_type", None)
+    """Whether ``model``'s tokens are irrep-wise features (``o2vit_*``, or a restriction of one)."""
+    ftype = getattr(model, "token_type", None)
     return isinstance(model, EquivariantViT) and isinstance(ftype, FeatureType) and ftype.basis == "irrep"
 
 
 def restrict_irrep_model(model: EquivariantViT, H: FiniteGroup) -> EquivariantViT:
-    """``model`` (irrep features of ``V.group``, ``V = model.feature_type``) restricted to the subgroup ``H``, in
+    """``model`` (irrep features of ``V.group``, ``V = model.token_type``) restricted to the subgroup ``H``, in
     float64 until the end."""
-    V = model.feature_type
+    V = model.token_type
     attn = model.blocks[0].attn if len(model.blocks) else None
     heads = attn.heads if isinstance(attn, IrrepAttention) and isinstance(attn.head_basis, IdentityBasis) else None
     restriction = IrrepRestriction.build(V.group, H, V, heads)

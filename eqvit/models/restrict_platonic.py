@@ -41,14 +41,13 @@ from eqvit.groups import FiniteGroup
 from eqvit.models.restriction import (
     Restriction,
     as_parameter,
-    restrict_children,
     restrict_module,
+    restricted_model,
     restrictor,
 )
 from eqvit.models.vit import EquivariantViT
 from eqvit.nn.basis import AttentionInBasis, FrameRotary, permutation_matrix
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import Block
 from eqvit.nn.platonic import (
     FramePool,
     FramePoolDense,
@@ -59,7 +58,6 @@ from eqvit.nn.platonic import (
 from eqvit.nn.posenc.frame_rope import FrameRoPE
 from eqvit.nn.posenc.invariant import FrameInvariantAPE
 from eqvit.nn.regular import FOURIER_COST_RATIO, GroupConvLinear, LiftToGroup, RegularLayerNorm, RegularLayerScale
-from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed
 from eqvit.nn.tokenizers.platonic import (
     LiftedIcosphereEmbed,
     LiftedPointEmbed,
@@ -248,7 +246,7 @@ def _restrict_group_conv(layer: GroupConvLinear, context: RestrictionContext) ->
 
 @restrictor(RegularLayerNorm, kind=RestrictionContext)
 def _restrict_layer_norm(norm: RegularLayerNorm, context: RestrictionContext) -> RegularLayerNorm:
-    new = RegularLayerNorm(context.H.order, context.index * norm.channels, norm.eps)
+    new = RegularLayerNorm(context.H, context.index * norm.channels, norm.eps)
     new.weight = as_parameter(norm.weight.detach().repeat(context.index), norm.weight)
     new.bias = as_parameter(norm.bias.detach().repeat(context.index), norm.bias)
     return new
@@ -256,7 +254,7 @@ def _restrict_layer_norm(norm: RegularLayerNorm, context: RestrictionContext) ->
 
 @restrictor(RegularLayerScale, kind=RestrictionContext)
 def _restrict_layer_scale(scale: RegularLayerScale, context: RestrictionContext) -> RegularLayerScale:
-    new = RegularLayerScale(context.H.order, context.index * scale.gamma.numel())
+    new = RegularLayerScale(context.H, context.index * scale.gamma.numel())
     new.gamma = as_parameter(scale.gamma.detach().repeat(context.index), scale.gamma)
     return new
 
@@ -322,7 +320,7 @@ def _restrict_frame_rope(rope: FrameRoPE, context: RestrictionContext) -> FrameR
         freqs, heads, head_dim = turned.reshape(m * nh, D // 2, -1), m * nh, D
     else:  # heads `head`, each of m D: pairs (k, pair)
         freqs, heads, head_dim = turned.transpose(1, 0, 2, 3).reshape(nh, m * D // 2, -1), nh, m * D
-    positions = rope._exact_masters["positions"] if rope.fixed_positions else None
+    positions = rope.exact_buffer("positions") if rope.fixed_positions else None
     new = FrameRoPE(context.H, heads, head_dim, positions=positions, learnable=rope.learnable)
     freqs = torch.from_numpy(np.ascontiguousarray(freqs))
     if rope.learnable:
@@ -354,11 +352,11 @@ def _restrict_attention_in_basis(attn: AttentionInBasis, context: RestrictionCon
     P = permutation_matrix(context.permutation(C))  # x_H @ P = x_G
     rotary = new_inner.rotary
     if isinstance(rotary, FrameRotary):
-        to_h_frames = rotary._exact_masters["to_frames"].numpy() @ P.T  # layout -> G frames -> H frames
+        to_h_frames = rotary.exact_buffer("to_frames").numpy() @ P.T  # layout -> G frames -> H frames
         new_inner.rotary = FrameRotary(
             context.H.order, context.index * C, to_h_frames, context.index * rotary.rope_heads, rotary.rope_head_dim
         )
-    to_inner = P @ attn._exact_masters["to_inner"].numpy() @ R.T
+    to_inner = P @ attn.exact_buffer("to_inner").numpy() @ R.T
     return AttentionInBasis(new_inner, context.feature_type(C), to_inner=to_inner)
 
 
@@ -421,19 +419,14 @@ def _restrict_point_embed(embed: LiftedPointEmbed, context: RestrictionContext) 
 @restrictor(LiftedIcosphereEmbed, kind=RestrictionContext)
 def _restrict_icosphere_embed(embed: LiftedIcosphereEmbed, context: RestrictionContext) -> LiftedIcosphereEmbed:
     """The invariant scalars repeated over the cosets, the pose-axis weights turned by each ``r_k``."""
-    new = copy.copy(embed)
-    new._parameters, new._buffers, new._modules = {}, {}, {}
-    new._exact_masters = {}
-    new.order = context.H.order
-    proj, lifting = _tiled_linear(embed.embed.proj, context), embed.embed.lifting
-    # A fresh embedding of the tiled width: its turned-kernel index depends on the width.
-    new.embed = IcospherePatchEmbed(embed.embed.in_chans, proj.out_features, lifting.input_level, lifting.patch_level)
-    new.embed.proj = proj
+    lifting = embed.embed.lifting
+    new = LiftedIcosphereEmbed(
+        context.H, embed.embed.in_chans, context.index * embed.embed.proj.out_features, lifting.input_level,
+        lifting.patch_level,
+    )  # fmt: skip
+    new.embed.proj = _tiled_linear(embed.embed.proj, context)
     axes = _f64(embed.axes_proj.weight).numpy().reshape(-1, 2, 3)  # [C, 2 axes, 3]
     new.axes_proj = _tiled_linear(embed.axes_proj, context, context.turned(axes).reshape(context.index, -1, 6))
-    poses = embed.embed.poses
-    seen = LiftToGroup(context.H).double()(vectors=poses[:, :, [0, 2]].transpose(1, 2))
-    new.register_exact_buffer("seen_axes", seen.unflatten(-1, (context.H.order, 6)))
     return new.to(dtype=embed.seen_axes.dtype, device=embed.seen_axes.device)
 
 
@@ -452,22 +445,22 @@ def _restrict_frame_pool(pool: FramePool, context: RestrictionContext) -> FrameP
 def _restrict_pool_head(head: InvariantPoolHead, context: RestrictionContext) -> InvariantPoolHead:
     """The lift restricted; the pooling runs over H's frames and the cosets. With mean pooling and a
     classifier, the pooling over cosets folds into a classifier on all ``m K`` H-invariants (more freedom)."""
-    m = context.index
-    new = copy.copy(head)
-    new._parameters, new._buffers = {}, {}
-    new._modules = {n: copy.deepcopy(c) for n, c in head._modules.items()}
-    new.lift = restrict_module(head.lift, context)
+    m, K = context.index, head.lift.out_channels
+    drop = head.drop.p
     if head.pool_mode == "mean" and isinstance(head.fc, nn.Linear):
-        copies = m * head.pool.order // context.G.order  # the classifier averages over these H-invariants
-        new.pool = FramePool(context.H.order, "mean")
-        new.num_features = copies * head.num_features
-        fc = nn.Linear(new.num_features, head.fc.out_features, bias=head.fc.bias is not None)
-        fc.weight = as_parameter(head.fc.weight.detach().repeat(1, copies) / copies, head.fc.weight)
+        # The mean over G's frames of a linear map is a linear map of the m K H-invariants (copies averaged).
+        new = InvariantPoolHead(context.H, m * head.lift.in_channels, head.fc.out_features, m * K, drop, "mean")
+        new.fc.weight = as_parameter(head.fc.weight.detach().repeat(1, m) / m, head.fc.weight)
         if head.fc.bias is not None:
-            fc.bias = as_parameter(head.fc.bias.detach().clone(), head.fc.bias)
-        new.fc = fc
+            new.fc.bias = as_parameter(head.fc.bias.detach().clone(), head.fc.bias)
+        else:
+            new.fc.bias = None
     else:
-        new.pool = restrict_module(head.pool, context)
+        new = InvariantPoolHead(context.H, m * head.lift.in_channels, 0, m * K, drop, head.pool_mode)
+        # Pooled over H's frames and the cosets at once: the |G| groups of K channels, as before.
+        new.pool, new.num_features = restrict_module(head.pool, context), head.num_features
+        new.fc, new.num_classes = copy.deepcopy(head.fc), head.num_classes
+    new.lift = restrict_module(head.lift, context)
     return new
 
 
@@ -483,10 +476,8 @@ def _restrict_pool_dense(head: FramePoolDense, context: RestrictionContext) -> F
 
 
 def is_platonic(model: nn.Module) -> bool:
-    """Whether ``model`` is a Platonic Transformer (``platonic_*``, or a restriction of one)."""
-    return isinstance(getattr(model, "frames", None), FiniteGroup) and all(
-        isinstance(b, Block) for b in getattr(model, "blocks", [None])
-    )
+    """Whether ``model``'s tokens are functions on frames (``platonic_*``, or a restriction of one)."""
+    return isinstance(model, EquivariantViT) and getattr(model.token_type, "basis", None) == "frames"
 
 
 def _scores(attn: nn.Module) -> str:
@@ -540,17 +531,9 @@ def restrict_platonic(model: nn.Module, subgroup: str | FiniteGroup | np.ndarray
 
 
 @restrictor(EquivariantViT, kind=RestrictionContext)
-def restrict_model_children(model: nn.Module, context: RestrictionContext) -> nn.Module:
-    """The model with every child restricted, then its group, frames, rotary scheme and token type set."""
+def _restrict_model(model: nn.Module, context: RestrictionContext) -> nn.Module:
+    """The model of the restricted components: H's frames (``|G:H|`` times the channels) and the symmetry it
+    keeps."""
     G, H = context.G, context.H
-    new = restrict_children(model, context)
-    new.frames = H
-    new.stream = "frames"
-    new.group = _symmetry(model, H)
-    if getattr(model, "token_type", None) is not None:
-        new.token_type = context.feature_type(model.token_type.channels)
-    new.config = dict(model.config, group=H.name, restricted_from=G.name)
-    cfg = dict(getattr(model, "default_cfg", {}))
-    new.default_cfg = new.pretrained_cfg = cfg
-    new.train(model.training)
-    return new
+    token_type = context.feature_type(model.token_type.channels)
+    return restricted_model(model, context, _symmetry(model, H), token_type, group=H.name, restricted_from=G.name)

@@ -4,8 +4,9 @@ A *restriction* (:class:`Restriction`) holds the group G of a model, the subgrou
 types become H's (for irrep features an H-equivariant isometry, for regular features a permutation of
 the frames and the cosets). :func:`restrictor` registers ``fn(module, restriction) -> module`` for a
 module type and a kind of restriction; :func:`restrict_module` looks it up along both MROs, copies
-group-agnostic modules as they are, and raises a ValueError naming the type otherwise. Containers (the
-model, blocks, MLPs, module lists) restrict their children (:func:`restrict_children`).
+group-agnostic modules as they are, and raises a ValueError naming the type otherwise. Every restricted
+module is built through its public constructor from the restricted feature types, its parameters loaded;
+containers (module lists, blocks, the model: :func:`restricted_model`) from their restricted children.
 
 A restricted module computes the same function on the restricted features, is H-equivariant as a
 module of H in its own right (its layers are H's layers), and has at least as many free parameters.
@@ -14,13 +15,16 @@ module of H in its own right (its layers are H's layers), and has at least as ma
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from eqvit.groups import FiniteGroup
+from eqvit.models.vit import EquivariantViT
 from eqvit.nn.irrep_blocks import ClassTokenHead
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, DropPath, InputCheck
@@ -115,23 +119,75 @@ def restrict_module(module: nn.Module, restriction: Restriction) -> nn.Module:
     return new
 
 
-@restrictor(nn.ModuleList, nn.Sequential, nn.ModuleDict, Block)
-def restrict_children(module: nn.Module, restriction: Restriction) -> nn.Module:
-    """A shallow copy of a container whose children are restricted (own parameters and buffers copied,
-    declared ``in_type`` / ``out_type`` restricted)."""
-    new = copy.copy(module)
-    new._parameters = {
-        n: None if p is None else nn.Parameter(p.detach().clone()) for n, p in module._parameters.items()
-    }
-    new._buffers = {n: None if b is None else b.clone() for n, b in module._buffers.items()}
-    new._modules = {n: None if c is None else restrict_module(c, restriction) for n, c in module._modules.items()}
-    if "_exact_masters" in module.__dict__:  # ExactBuffers: its own float64 masters, not the parent's
-        new.__dict__["_exact_masters"] = {n: t.clone() for n, t in module._exact_masters.items()}
-    for name in ("in_type", "out_type"):
-        ftype = module.__dict__.get(name)  # declared types; a Block reads its attention's
-        if isinstance(ftype, FeatureType):
-            setattr(new, name, restriction.restricted_type(ftype))
-    return new
+@restrictor(nn.ModuleList)
+def _restrict_module_list(modules: nn.ModuleList, restriction: Restriction) -> nn.ModuleList:
+    return nn.ModuleList(restrict_module(m, restriction) for m in modules)
+
+
+@restrictor(nn.Sequential)
+def _restrict_sequential(modules: nn.Sequential, restriction: Restriction) -> nn.Sequential:
+    return nn.Sequential(OrderedDict((n, restrict_module(m, restriction)) for n, m in modules.named_children()))
+
+
+@restrictor(nn.ModuleDict)
+def _restrict_module_dict(modules: nn.ModuleDict, restriction: Restriction) -> nn.ModuleDict:
+    return nn.ModuleDict({n: restrict_module(m, restriction) for n, m in modules.items()})
+
+
+@restrictor(Block)
+def _restrict_block(block: Block, restriction: Restriction) -> Block:
+    """The block of the restricted layers (the same drop-path rate)."""
+
+    def r(module: nn.Module) -> nn.Module:
+        return restrict_module(module, restriction)
+
+    return Block(
+        r(block.norm1),
+        r(block.attn),
+        r(block.norm2),
+        r(block.mlp),
+        ls1=r(block.ls1),
+        ls2=r(block.ls2),
+        drop_path=block.drop_path_rate,
+    )
+
+
+def restricted_model(
+    model: EquivariantViT, restriction: Restriction, group: FiniteGroup, token_type: FeatureType, /, **config: Any
+) -> EquivariantViT:
+    """``model``'s class built through its constructor from ``model``'s restricted components, with the
+    restricted model's ``group`` and ``token_type``; its config records ``config`` too, and it keeps the
+    model's timm configuration, gradient checkpointing and train / eval mode."""
+
+    def r(module: nn.Module) -> nn.Module:
+        return restrict_module(module, restriction)
+
+    new = type(model)(
+        tokenizer=r(model.tokenizer),
+        blocks=r(model.blocks),
+        norm=r(model.norm),
+        head=r(model.head),
+        embed_dim=model.embed_dim,
+        posenc=r(model.posenc),
+        readout=r(model.readout),
+        input_encoding=r(model.input_encoding),
+        domain=model.domain,
+        group=group,
+        token_type=token_type,
+        token_grid=model.token_grid,
+        to_token_type=r(model.to_token_type),
+        in_chans=model.in_chans,
+        out_chans=model.out_chans,
+        residual=model.residual,
+        drop_rate=model.pos_drop.p,
+        config=dict(model.config, **config),
+    )
+    like = next(model.parameters())
+    # Constructors build their buffers in the default dtype; the exact ones re-derive from float64 masters here.
+    new = new.to(device=like.device, dtype=like.dtype)
+    new.default_cfg = new.pretrained_cfg = dict(getattr(model, "default_cfg", {}))
+    new.set_grad_checkpointing(model.grad_checkpointing)
+    return new.train(model.training)
 
 
 def as_parameter(values: np.ndarray | torch.Tensor, like: torch.Tensor) -> nn.Parameter:

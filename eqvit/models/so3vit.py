@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from torch import nn
 
 from eqvit.geometry.domain import PointDomain
 from eqvit.geometry.icosphere import icosphere
@@ -38,7 +39,8 @@ from eqvit.groups import FiniteGroup, get_group
 from eqvit.models._checks import check_model_args
 from eqvit.models._registry import refuse_classifier_kwargs, register_model, strip_timm_kwargs
 from eqvit.models._timm import entry_cfg, finish, pop_options, register_cfgs
-from eqvit.models.vit import EquivariantViT
+from eqvit.models.vit import EquivariantViT, build_blocks
+from eqvit.nn.layers import vit_block
 from eqvit.nn.posenc import LatitudeEncoding, PositionalScheme
 from eqvit.nn.posenc.registry import TokenLayout, build_posenc, posenc_name
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
@@ -105,24 +107,26 @@ def build_so3vit(
         group = rotations_about_z(group)
     if not scheme.keeps_symmetry:
         group = None  # e.g. a learned APE keeps no symmetry of the sphere
+
+    def block_fn(index: int, drop_path: float) -> nn.Module:
+        return vit_block(
+            embed_dim, num_heads, mlp_ratio, qk_norm=qk_norm, drop=drop_rate, drop_path=drop_path, fused_attn=fused_attn
+        )
+
     return EquivariantViT(
         tokenizer=tokenizer,
+        blocks=build_blocks(block_fn, depth, drop_path_rate),
+        norm=nn.LayerNorm(embed_dim),
         head=head,
         embed_dim=embed_dim,
-        depth=depth,
-        num_heads=num_heads,
-        mlp_ratio=mlp_ratio,
-        qk_norm=qk_norm,
-        drop_rate=drop_rate,
-        drop_path_rate=drop_path_rate,
         posenc=scheme,
         input_encoding=input_encoding,
-        residual=residual,
-        group=group,
         domain=domain,
+        group=group,
         in_chans=in_chans,
         out_chans=out_chans,
-        fused_attn=fused_attn,
+        residual=residual,
+        drop_rate=drop_rate,
         config=config,
     )
 

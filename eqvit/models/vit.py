@@ -7,7 +7,7 @@ family modules only register configurations.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from eqvit.geometry.domain import TokenMap
 from eqvit.groups import FiniteGroup
 from eqvit.groups.base import match_matrices
-from eqvit.nn.layers import InputCheck, vit_block
+from eqvit.nn.layers import InputCheck
 from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
 
 
@@ -33,6 +33,13 @@ def _output(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _output_plus_input(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out + x
+
+
+def build_blocks(block_fn: Callable[[int, float], nn.Module], depth: int, drop_path_rate: float = 0.0) -> nn.ModuleList:
+    """``depth`` blocks ``block_fn(index, drop_path)`` with stochastic depth rising linearly to ``drop_path_rate``."""
+    # Plain floats (not torch.linspace): models are also built under a meta-device context.
+    rates = np.linspace(0.0, drop_path_rate, depth).tolist()
+    return nn.ModuleList(block_fn(i, rate) for i, rate in enumerate(rates))
 
 
 def _call_block(block: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -75,33 +82,35 @@ class EquivariantViT(nn.Module):
     all, and the positional scheme gives the rotary embedding for them (``posenc.rope_for(*inputs)``:
     fixed for a grid, bound to the positions of each batch for point clouds).
 
+    Built from its components; the family builders (``eqvit.models.*``) make them.
+
     Args:
-        tokenizer: ``(*inputs) -> tokens [B, N, embed_dim]``.
-        head: ``features [B, N, num_features] -> output`` (a classifier has ``pre_logits``, ``num_features``,
-            ``num_classes`` and ``reset_classifier``).
-        readout: ``tokens [B, N, embed_dim] -> features [B, N, num_features]``, what the head pools
-            (the O(2) models' invariants of every token); default the identity.
-        embed_dim, depth, num_heads, mlp_ratio, qkv_bias, qk_norm: the usual ViT sizes.
-        posenc: positional scheme; rotary schemes go into attention, others add to tokens.
-        input_encoding: applied to the raw inputs before tokenization (e.g. latitude encoding, or
-            centring point positions); it returns the inputs (a tensor or a tuple).
-        residual: predict ``x + model(x)`` (needs in_chans == out_chans and a dense head).
-        group: the group the model is exactly equivariant to (for ``assert_equivariant``).
+        tokenizer: ``(*inputs) -> tokens [B, N, embed_dim]``; its ``num_prefix_tokens`` (class tokens, default
+            0) are skipped by positional schemes.
+        blocks: the transformer blocks, called as ``block(tokens, rope, num_prefix_tokens)`` (:func:`build_blocks`
+            makes them from a factory).
+        norm: the final norm on ``[B, N, embed_dim]``.
+        head: ``features [B, N, num_features] -> output``; a classifier (one with ``pre_logits``,
+            ``num_features``, ``num_classes`` and ``reset_classifier``) gives invariant outputs, any other head a
+            field on the input's domain.
+        embed_dim: the token width.
+        posenc: positional scheme; rotary schemes go into attention, others add to the tokens.
+        readout: ``tokens [B, N, embed_dim] -> features [B, N, num_features]``, what the head pools (the O(2)
+            models' invariants of every token); default the identity.
+        input_encoding: applied to the raw inputs before tokenization (latitude encoding, resampling onto a
+            hexagonal grid, centring point positions); it returns the inputs (a tensor or a tuple).
         domain: the input domain (``.points``, ``.shape``, ``.act``, ``.check``).
-        in_chans, out_chans: channel counts, checked on input.
-        output_action: ``"same"`` (dense outputs on the input domain) or ``"invariant"``.
-        fused_attn: SDPA (True) or the reference attention path (False) in the default blocks.
-        block_fn: ``block_fn(index, drop_path) -> block`` for families whose blocks act on
-            irrep or regular features (:func:`~eqvit.nn.irrep_blocks.irrep_block`,
-            :func:`~eqvit.nn.platonic.platonic_block`); blocks are called as
-            ``block(tokens, rope, num_prefix_tokens)``. Defaults to :func:`~eqvit.nn.layers.vit_block`.
-        norm_layer: the final norm (default ``nn.LayerNorm(embed_dim)``).
-        num_prefix_tokens: tokens the tokenizer prepends (class tokens), skipped by positional schemes.
-        config: the keyword arguments the model was built with (saved in checkpoints).
-        token_grid: the patch tokens laid out as a map (:class:`~eqvit.geometry.domain.TokenMap`): image
-            models get intermediate maps (:meth:`forward_intermediates`, ``feature_info``, ``features_only``).
+        group: the group the model is exactly equivariant to (for ``assert_equivariant``).
         token_type: the tokens' feature type (``.act(g, x [..., C])``), the action on the map channels.
-        feature_reduction: input pixels per map step (``feature_info``'s ``reduction``).
+        token_grid: the patch tokens laid out as a map (:class:`~eqvit.geometry.domain.TokenMap`): image models
+            get intermediate maps (:meth:`forward_intermediates`, ``feature_info``, ``features_only``).
+        to_token_type: the residual stream in ``token_type`` where the model keeps it in another basis (the
+            Platonic models' Fourier coefficients, mapped to the frames): intermediate maps come out in
+            ``token_type``; default the identity.
+        in_chans, out_chans: channel counts (the input is checked against ``in_chans``).
+        residual: predict ``x + model(x)`` (needs in_chans == out_chans and a dense head).
+        drop_rate: dropout on the embedded tokens.
+        config: the keyword arguments the model was built with (saved in checkpoints).
 
     timm's model interface: ``forward_features`` / ``forward_head(pre_logits=...)``, with a classifier
     head (one with ``pre_logits``) ``num_classes``, ``head_hidden_size``, ``get_classifier`` and
@@ -113,33 +122,23 @@ class EquivariantViT(nn.Module):
         self,
         *,
         tokenizer: nn.Module,
+        blocks: Iterable[nn.Module],
+        norm: nn.Module,
         head: nn.Module,
         embed_dim: int,
-        depth: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        qk_norm: bool = False,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
         posenc: PositionalScheme | None = None,
+        readout: nn.Module | None = None,
         input_encoding: nn.Module | None = None,
-        residual: bool = False,
-        group: FiniteGroup | None = None,
         domain: Any = None,
+        group: FiniteGroup | None = None,
+        token_type: Any = None,
+        token_grid: TokenMap | None = None,
+        to_token_type: nn.Module | None = None,
         in_chans: int = 3,
         out_chans: int = 3,
-        output_action: str = "same",
-        fused_attn: bool = True,
-        block_fn: Callable[[int, float], nn.Module] | None = None,
-        norm_layer: nn.Module | None = None,
-        num_prefix_tokens: int = 0,
+        residual: bool = False,
+        drop_rate: float = 0.0,
         config: dict[str, Any] | None = None,
-        token_grid: TokenMap | None = None,
-        token_type: Any = None,
-        feature_reduction: int = 1,
-        readout: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if residual and in_chans != out_chans:
@@ -151,7 +150,7 @@ class EquivariantViT(nn.Module):
         self.num_features = getattr(readout, "num_features", embed_dim)
         self.group = group
         self.domain = domain
-        self.output_action = output_action
+        self.output_action = "invariant" if hasattr(head, "pre_logits") else "same"
         self.residual = residual
         self.input_check = InputCheck(domain, in_chans) if domain is not None else nn.Identity()
         self.add_input = _output_plus_input if residual else _output  # chosen here: no flag in forward
@@ -160,26 +159,27 @@ class EquivariantViT(nn.Module):
         self.tokenizer = tokenizer
         self.posenc = posenc if posenc is not None else NoPositionalEncoding()
         self.pos_drop = nn.Dropout(drop_rate)
-        self.num_prefix_tokens = num_prefix_tokens
-        # Plain floats (not torch.linspace): models are also built under a meta-device context.
-        rates = np.linspace(0.0, drop_path_rate, depth).tolist()
-        if block_fn is None:
-
-            def block_fn(index: int, rate: float) -> nn.Module:
-                return vit_block(
-                    embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, drop_rate, attn_drop_rate, rate, fused_attn
-                )
-
-        self.blocks = nn.ModuleList(block_fn(i, rate) for i, rate in enumerate(rates))
-        self.norm = norm_layer if norm_layer is not None else nn.LayerNorm(embed_dim)
+        self.num_prefix_tokens = getattr(tokenizer, "num_prefix_tokens", 0)
+        self.blocks = blocks if isinstance(blocks, nn.ModuleList) else nn.ModuleList(blocks)
+        self.norm = norm
         self.head = head
         self.token_grid, self.token_type = token_grid, token_type
+        self.to_token_type = to_token_type if to_token_type is not None else nn.Identity()
         if token_grid is not None:
             self.feature_info = [
-                dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=feature_reduction) for i in range(depth)
+                dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=token_grid.reduction)
+                for i in range(len(self.blocks))
             ]
         self.grad_checkpointing = False
         self._block_runner = _call_block  # set_grad_checkpointing swaps it: no flag in forward
+
+    @property
+    def frames(self) -> FiniteGroup:
+        """The frames of a model whose tokens are functions on them (a frames-basis ``token_type``: the Platonic
+        models)."""
+        if getattr(self.token_type, "basis", None) != "frames":
+            raise AttributeError(f"{type(self).__name__} has no frames: its tokens are {self.token_type}")
+        return self.token_type.group
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -335,7 +335,7 @@ class EquivariantViT(nn.Module):
             if i in taken:
                 intermediates.append(self.norm(tokens) if norm else tokens)
         p = self.num_prefix_tokens
-        maps = [y[:, p:] for y in intermediates]
+        maps = [self.to_token_type(y[:, p:]) for y in intermediates]
         if output_fmt == "NCHW":
             maps = [grid.to_map(y.transpose(1, 2)) for y in maps]
         if return_prefix_tokens:

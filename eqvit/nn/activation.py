@@ -101,7 +101,7 @@ class FourierActivation(ExactBuffers):
         basis = np.asarray(basis, dtype=np.float64)
         if basis.shape[1] != ftype.dim:
             raise ValueError(f"expected a basis with {ftype.dim} columns for {ftype}, got {list(basis.shape)}")
-        self.ftype = self.in_type = self.out_type = ftype
+        self.in_type = self.out_type = ftype
         self.register_exact_buffer("basis", torch.from_numpy(basis))
         self.act = act if act is not None else nn.GELU()
         # The basis is block-diagonal up to permutations (one block per orbit of X): find the
@@ -125,7 +125,7 @@ class FourierActivation(ExactBuffers):
         self.strided = strided is not None
         self._impl = _strided_forward if self.strided else _gather_forward
         if self.strided:
-            block = self._exact_masters["blocks_0"].numpy()[0]  # values = block @ coefficients
+            block = self.exact_buffer("blocks_0").numpy()[0]  # values = block @ coefficients
             inverse = np.zeros_like(block)
             inverse[:, strided] = block  # columns by slab
             self.register_exact_buffer("slab_inverse", torch.from_numpy(inverse))  # [s(x), s(slab)]
@@ -139,7 +139,7 @@ class FourierActivation(ExactBuffers):
         return cls(ftype, basis, act)
 
     def extra_repr(self) -> str:
-        return f"{self.ftype}, |X|={self.basis.shape[0]}"
+        return f"{self.in_type}, |X|={self.basis.shape[0]}"
 
     def forward_permuted(self, x: torch.Tensor) -> torch.Tensor:
         """The nonlinearity on ``x[..., perm]`` (coordinates orbit by orbit); returns the same order."""
@@ -218,10 +218,9 @@ def _gather_forward(m: FourierActivation, x: torch.Tensor) -> torch.Tensor:
 
 
 def _strided_forward(m: FourierActivation, x: torch.Tensor) -> torch.Tensor:
-    buffers = m._buffers
-    slabs = x.unflatten(-1, (buffers["slab_inverse"].shape[1], -1))  # [..., s, n]: no copy
-    values = m.act(torch.matmul(buffers["slab_inverse"], slabs))  # sigma on X, [..., |X_s|, n]
-    return torch.matmul(buffers["slab_forward"], values).flatten(-2)
+    slabs = x.unflatten(-1, (m.slab_inverse.shape[1], -1))  # [..., s, n]: no copy
+    values = m.act(torch.matmul(m.slab_inverse, slabs))  # sigma on X, [..., |X_s|, n]
+    return torch.matmul(m.slab_forward, values).flatten(-2)
 
 
 def _strided_slabs(basis: np.ndarray, sizes: list, shared: list, order: list) -> np.ndarray | None:

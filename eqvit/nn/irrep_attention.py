@@ -27,7 +27,8 @@ linears fold themselves.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,8 +40,6 @@ from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.schur import SlabPlan, apply_slabs, slab_outputs
 from eqvit.nn.sdpa import ScaledDotProductAttention
-
-ATTENTION_LAYOUTS = ("coupled", "irrepwise", "frames")
 
 
 def _check_divisible(ftype: FeatureType, num_heads: int, what: str) -> None:
@@ -137,24 +136,88 @@ def _frame_type(ftype: FeatureType) -> FeatureType:
         raise ValueError(f"frame RoPE and frames-as-heads need copies of the regular representation: {err}") from None
 
 
+HeadsFn = Callable[[FeatureType, "int | Mapping[str, int]"], list[np.ndarray]]
+
+
+def _in_irrep_basis(ftype: FeatureType) -> None:
+    return None
+
+
+def _in_frame_basis(ftype: FeatureType) -> np.ndarray:
+    return _frame_type(ftype).fourier.T
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """How attention splits tokens of a feature type into heads.
+
+    ``heads(ftype, num_heads)``: the heads as coordinate arrays that partition ``ftype.dim``. ``basis(ftype)``:
+    the basis ``u = x @ T`` those coordinates are in, None for the irrep basis (then every head must hold whole
+    irrep copies, a G-stable subspace; :func:`check_heads`). ``counts_per_irrep``: ``num_heads`` may be
+    ``{irrep name: heads}``.
+    """
+
+    heads: HeadsFn
+    basis: Callable[[FeatureType], np.ndarray | None] = _in_irrep_basis
+    counts_per_irrep: bool = False
+
+
+_HEAD_LAYOUTS: dict[str, HeadLayout] = {}
+
+
+def register_head_layout(
+    name: str,
+    heads: HeadsFn,
+    basis: Callable[[FeatureType], np.ndarray | None] = _in_irrep_basis,
+    counts_per_irrep: bool = False,
+) -> HeadLayout:
+    """Register an attention head layout under ``name`` (``attention=name`` in the O(2) and Platonic builders);
+    ValueError when the name is taken."""
+    if name in _HEAD_LAYOUTS:
+        raise ValueError(f"an attention layout named {name!r} is registered already")
+    _HEAD_LAYOUTS[name] = layout = HeadLayout(heads, basis, counts_per_irrep)
+    return layout
+
+
+def unregister_head_layout(name: str) -> None:
+    """Remove a layout registered with :func:`register_head_layout`."""
+    get_head_layout(name)
+    del _HEAD_LAYOUTS[name]
+
+
+def list_head_layouts() -> list[str]:
+    """The registered layout names, in registration order."""
+    return list(_HEAD_LAYOUTS)
+
+
+def get_head_layout(name: str) -> HeadLayout:
+    """The layout registered as ``name``; ValueError naming the registered ones otherwise."""
+    from eqvit.utils import unknown_name_error
+
+    if not isinstance(name, str) or name not in _HEAD_LAYOUTS:
+        raise unknown_name_error("attention layout", name, list(_HEAD_LAYOUTS))
+    return _HEAD_LAYOUTS[name]
+
+
+register_head_layout("coupled", coupled_heads)
+register_head_layout("irrepwise", irrepwise_heads, counts_per_irrep=True)
+register_head_layout("frames", frame_heads, basis=_in_frame_basis)
+
+
 def head_layout(ftype: FeatureType, num_heads: int | Mapping[str, int], attention: str) -> list[np.ndarray]:
-    """Heads of ``attention`` (coupled, irrepwise: irrep-basis coordinates; frames: frame-basis ones,
-    see :func:`head_basis`). ``num_heads`` may be ``{irrep name: heads}`` for irrep-wise heads only."""
-    if isinstance(num_heads, Mapping) and attention != "irrepwise":
+    """The heads of the registered layout ``attention`` (coupled, irrepwise: irrep-basis coordinates; frames:
+    frame-basis ones, see :func:`head_basis`). ``num_heads`` may be ``{irrep name: heads}`` for layouts that
+    count heads per irrep (irrep-wise)."""
+    layout = get_head_layout(attention)
+    if isinstance(num_heads, Mapping) and not layout.counts_per_irrep:
         raise ValueError(f"heads per irrep (irrep_heads) need attention='irrepwise', got attention={attention!r}")
-    if attention == "coupled":
-        return coupled_heads(ftype, num_heads)
-    if attention == "irrepwise":
-        return irrepwise_heads(ftype, num_heads)
-    if attention == "frames":
-        return frame_heads(ftype, num_heads)
-    raise ValueError(f"unknown attention layout {attention!r}; valid: {', '.join(ATTENTION_LAYOUTS)}")
+    return layout.heads(ftype, num_heads)
 
 
 def head_basis(ftype: FeatureType, attention: str) -> np.ndarray | None:
     """The basis ``u = x @ T`` the heads of ``attention`` are laid out in: None (the irrep basis) for
     coupled and irrep-wise heads, the inverse Fourier transform for frames-as-heads."""
-    return _frame_type(ftype).fourier.T if attention == "frames" else None
+    return get_head_layout(attention).basis(ftype)
 
 
 def check_partition(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
@@ -219,7 +282,7 @@ class IrrepAttention(nn.Module):
         super().__init__()
         # Heads in another basis (frames as heads) are permuted by the group, not each G-stable.
         (check_heads if basis is None else check_partition)(ftype, heads)
-        self.ftype = self.in_type = self.out_type = ftype
+        self.in_type = self.out_type = ftype
         self.heads = [np.asarray(h, dtype=np.int64) for h in heads]
         self.num_heads = len(self.heads)
         self.sdpa = ScaledDotProductAttention(attn_drop, fused)
@@ -282,8 +345,12 @@ class IrrepAttention(nn.Module):
             )
 
     def extra_repr(self) -> str:
-        sizes = [len(h) for h in self.heads]
-        return f"{self.num_heads} heads of sizes {sizes}, fused={self.fused}"
+        return f"{self.num_heads} heads of sizes {self.head_dims}, fused={self.fused}"
+
+    @property
+    def head_dims(self) -> list[int]:
+        """The width of every head, in order."""
+        return [len(h) for h in self.heads]
 
     @property
     def fused(self) -> bool:
@@ -296,7 +363,7 @@ class IrrepAttention(nn.Module):
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(qkv weight [3 dim, dim], qkv bias, proj weight [dim, dim], proj bias)``, heads side by side."""
         modules = self._modules
-        perm, dim, basis = self.perm, self.ftype.dim, modules["head_basis"]
+        perm, dim, basis = self.perm, self.in_type.dim, modules["head_basis"]
         dense = [modules[name].dense() for name in ("q", "k", "v", "proj")]
         dense = [basis.rows(w, b) for w, b in dense[:3]] + [(basis.columns(dense[3][0]), dense[3][1])]
         qkv = torch.stack([w for w, _ in dense[:3]])[:, perm].reshape(3 * dim, dim)
@@ -411,4 +478,4 @@ def _dense_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens
 
 
 def _schur_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens: int) -> torch.Tensor:
-    return m.attend_schur(x, *m.schur_qkv(), m._modules["proj"], rope, num_prefix_tokens)
+    return m.attend_schur(x, *m.schur_qkv(), m.proj, rope, num_prefix_tokens)

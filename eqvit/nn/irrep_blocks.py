@@ -24,7 +24,7 @@ def rows_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
     strided :class:`FourierActivation` whose hidden slabs are whole coefficient rows."""
     if not (hasattr(fc1, "plan") and hasattr(fc2, "plan") and getattr(act, "strided", False)):
         return False
-    n = act.ftype.dim // act.slab_inverse.shape[0]
+    n = act.in_type.dim // act.slab_inverse.shape[0]
     out_starts, start = [], 0
     for _, width in fc1.plan.terms:
         out_starts.append((start, width))
@@ -40,10 +40,9 @@ def rows_mlp(
     (:func:`~eqvit.nn.schur.rows_out`): the transform to the values on the orbits and back is one
     ``[s, s] @ [s, T n]`` GEMM each way, not a small matmul per token. ``hidden_drop`` (a dropout, or None)
     acts on the values, where a plain MLP drops its hidden activations. ``x [..., in] -> [..., out]``."""
-    buffers = act._buffers
-    to_values, from_values = buffers["slab_inverse"], buffers["slab_forward"]
+    to_values, from_values = act.slab_inverse, act.slab_forward
     s = to_values.shape[0]
-    n = act.ftype.dim // s
+    n = act.in_type.dim // s
     flat = x.reshape(-1, x.shape[-1])
     rows = rows_out(flat, fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
     values = act.act(torch.mm(to_values, rows.flatten(1)))  # sigma on the orbits' points
@@ -69,18 +68,13 @@ class IrrepMlp(nn.Module):
     def __init__(self, ftype: FeatureType, activation: FourierActivation) -> None:
         super().__init__()
         self.in_type = self.out_type = ftype
-        self.fc1 = IrrepLinear(ftype, activation.ftype)
+        self.fc1 = IrrepLinear(ftype, activation.in_type)
         self.act = activation
-        self.fc2 = IrrepLinear(activation.ftype, ftype)
-        self.select_forward()
-
-    def select_forward(self) -> None:
-        """Pick the forward for the current layers (at construction, and after they are replaced, e.g. by
-        restriction to a subgroup): the folded dense MLP, or for Schur linears the row form when the
-        activation is strided (:func:`rows_mlp`), else the plain chain."""
-        fc1, act, fc2 = self._modules["fc1"], self._modules["act"], self._modules["fc2"]
-        self.schur = fc1.schur and fc2.schur
-        rows = self.schur and rows_mlp_applies(fc1, act, fc2)
+        self.fc2 = IrrepLinear(activation.in_type, ftype)
+        # The forward for these layers: for Schur linears the row form when the activation is strided
+        # (:func:`rows_mlp`), else the plain chain; otherwise the folded dense MLP.
+        self.schur = self.fc1.schur and self.fc2.schur
+        rows = self.schur and rows_mlp_applies(self.fc1, activation, self.fc2)
         self._impl = (_rows_mlp if rows else _schur_mlp) if self.schur else _folded_mlp
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
@@ -118,13 +112,11 @@ def _folded_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
 
 
 def _schur_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
-    mods = m._modules
-    return mods["fc2"](mods["act"](mods["fc1"](x)))
+    return m.fc2(m.act(m.fc1(x)))
 
 
 def _rows_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
-    mods = m._modules
-    return rows_mlp(mods["fc1"], mods["act"], mods["fc2"], x)
+    return rows_mlp(m.fc1, m.act, m.fc2, x)
 
 
 def irrep_block(

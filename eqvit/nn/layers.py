@@ -117,6 +117,7 @@ class Block(nn.Module):
         self.norm1 = norm1
         self.attn = attn
         self.ls1 = ls1 if ls1 is not None else nn.Identity()
+        self.drop_path_rate = drop_path
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm2
         self.mlp = mlp

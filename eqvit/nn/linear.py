@@ -246,7 +246,7 @@ class IrrepLinear(ExactBuffers):
         recon = torch.zeros_like(W)
         blocks = self.weight_blocks()
         for (n, _, _, _, _, _), (oc, ic) in zip(self._blocks, self._coords):
-            L = self._exact_masters[f"endo_{n}"]
+            L = self.exact_buffer(f"endo_{n}")
             rows, cols = torch.from_numpy(oc)[:, :, None, None], torch.from_numpy(ic)[None, None, :, :]
             block = W[rows, cols]  # [C'', d, C', d]
             # The L_k are orthogonal with |L_k|_F^2 = d.

@@ -86,7 +86,6 @@ class IrrepLayerNorm(ExactBuffers):
     def __init__(self, ftype: FeatureType, eps: float = 1e-6, center: np.ndarray | None = None) -> None:
         super().__init__()
         self.in_type = self.out_type = ftype
-        self.ftype = ftype
         self.eps = eps
         center = ftype.trivial_index if center is None else np.asarray(center, dtype=np.int64)
         mask = np.zeros(ftype.dim)
@@ -109,19 +108,19 @@ class IrrepLayerNorm(ExactBuffers):
         self._eps = float(value)
 
     def extra_repr(self) -> str:
-        return f"{self.ftype}, eps={self.eps}"
+        return f"{self.in_type}, eps={self.eps}"
 
     def affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(gamma [dim], beta [dim], centre mask [dim])`` per coordinate."""
-        beta = self.bias.new_zeros(self.ftype.dim).index_add(0, self.bias_index, self.bias)
+        beta = self.bias.new_zeros(self.in_type.dim).index_add(0, self.bias_index, self.bias)
         return self.weight[self.copy_index], beta, self.center_mask
 
     def _scaled_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`affine` with ``gamma * sqrt(dim)`` and the 0-d tensor ``dim eps``:
         ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / sqrt(|z|^2 + dim eps)``."""
         gamma, beta, mask = self.affine()
-        dim_eps = beta.new_tensor(self.ftype.dim * self.eps)
-        return gamma * math.sqrt(self.ftype.dim), beta, mask, dim_eps
+        dim_eps = beta.new_tensor(self.in_type.dim * self.eps)
+        return gamma * math.sqrt(self.in_type.dim), beta, mask, dim_eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gamma, beta, mask, dim_eps = self._scaled_affine()

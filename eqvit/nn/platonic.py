@@ -296,7 +296,6 @@ def platonic_block(
     ``[C]`` shared across frames), ``None`` leaves it out. ``attn`` replaces the attention layer
     (another head layout, e.g. irrep-wise heads in the Fourier basis). ``basis``: the features on the
     frames or as their Fourier coefficients (the same parameters and function)."""
-    G = group.order
     if basis not in BASES:
         raise ValueError(f"unknown basis {basis!r}; valid: {', '.join(BASES)}")
     if attn is None:
@@ -304,15 +303,17 @@ def platonic_block(
         attn = PlatonicAttention(*args, impl) if basis == "frames" else FourierPlatonicAttention(*args)
 
     def norm() -> nn.Module:
-        return RegularLayerNorm(G, channels) if basis == "frames" else FourierLayerNorm(RegularBasis(group, channels))
+        return (
+            RegularLayerNorm(group, channels) if basis == "frames" else FourierLayerNorm(RegularBasis(group, channels))
+        )
 
     return Block(
         norm(),
         attn,
         norm(),
         PlatonicMlp(group, channels, int(channels * mlp_ratio), drop, impl, basis),
-        ls1=RegularLayerScale(G, channels, init_values) if init_values is not None else None,
-        ls2=RegularLayerScale(G, channels, init_values) if init_values is not None else None,
+        ls1=RegularLayerScale(group, channels, init_values) if init_values is not None else None,
+        ls2=RegularLayerScale(group, channels, init_values) if init_values is not None else None,
         drop_path=drop_path,
     )
 

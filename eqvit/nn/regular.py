@@ -415,9 +415,10 @@ class RegularLayerNorm(nn.Module):
     tiled over the frames are derived on every call (:meth:`fold` fixes them).
     """
 
-    def __init__(self, group_order: int, channels: int, eps: float = 1e-6) -> None:
+    def __init__(self, group: FiniteGroup, channels: int, eps: float = 1e-6) -> None:
         super().__init__()
-        self.order, self.channels, self.eps = group_order, channels, eps
+        self.order, self.channels, self.eps = group.order, channels, eps
+        self.in_type = self.out_type = FeatureType.frames(group, channels)
         self.weight = nn.Parameter(torch.ones(channels))
         self.bias = nn.Parameter(torch.zeros(channels))
 
@@ -466,9 +467,10 @@ class RegularLayerScale(nn.Module):
     break equivariance; ``tests/test_platonic.py`` checks that it does.
     """
 
-    def __init__(self, group_order: int, channels: int, init_values: float = 1e-5) -> None:
+    def __init__(self, group: FiniteGroup, channels: int, init_values: float = 1e-5) -> None:
         super().__init__()
-        self.order = group_order
+        self.order = group.order
+        self.in_type = self.out_type = FeatureType.frames(group, channels)
         self.gamma = nn.Parameter(torch.full((channels,), float(init_values)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eqvit.nn.irrep_features import FeatureType
+
 
 class PositionalScheme(nn.Module):
     """Base class; the defaults leave tokens, queries and keys unchanged.
@@ -23,6 +25,10 @@ class PositionalScheme(nn.Module):
     is_rotary: bool = False
     keeps_symmetry: bool = True
     rotary_split: tuple[int, int] | None = None
+    # The feature type the scheme reads and writes (the tokens, or the queries and keys of a rotary scheme);
+    # None for plain features, on which no group acts through the channels (SO(3)-RoPE's, a learned APE's).
+    in_type: FeatureType | None = None
+    out_type: FeatureType | None = None
 
     def rope_for(self, *inputs: torch.Tensor) -> PositionalScheme | None:
         """The rotary scheme attention applies for these (encoded) model inputs: None for additive

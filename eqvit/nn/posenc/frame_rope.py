@@ -19,6 +19,7 @@ from torch import nn
 from eqvit.geometry.points import fibonacci_sphere
 from eqvit.groups import FiniteGroup
 from eqvit.nn.buffers import ExactBuffers
+from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.posenc.base import PositionalScheme
 
 
@@ -109,6 +110,7 @@ class FrameRoPE(ExactBuffers, PositionalScheme):
             raise ValueError(f"frame RoPE rotates channel pairs: head_dim must be even, got {head_dim}")
         self.order, self.num_heads, self.head_dim = group.order, num_heads, head_dim
         self.rotary_split = (num_heads, head_dim)  # rotates in the frame basis
+        self.in_type = self.out_type = FeatureType.frames(group, num_heads * head_dim)  # queries and keys
         self.dim = group.dim
         freqs = torch.from_numpy(default_frequencies(num_heads, head_dim, group.dim, min_wavelength, max_wavelength))
         self.register_exact_buffer("frames", torch.from_numpy(group.elements.copy()))

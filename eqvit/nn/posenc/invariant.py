@@ -139,8 +139,8 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
 
     def __init__(self, group, centers: np.ndarray, ftype: FeatureType, std: float = 0.02, basis=None) -> None:
         super().__init__()
-        self.ftype = ftype
         self.in_type = self.out_type = ftype
+        self.embedding_type = ftype  # the layout of the encoding's coefficients (subclasses map it to the tokens)
         self.centers = np.array(centers, dtype=np.float64)  # kept for restriction to a subgroup
         self.num_tokens = len(centers)
         perms = permutations_for(np.asarray(centers, dtype=np.float64), group.elements) if basis is None else None
@@ -174,7 +174,7 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
         ]
         for n, k, _ in self._used:
             B = getattr(self, f"basis_{n}")  # [k, M, d]
-            parts[n] = self.ftype.flatten_copies(torch.einsum("ck,kmd->mcd", self.pos_embed[k], B))
+            parts[n] = self.embedding_type.flatten_copies(torch.einsum("ck,kmd->mcd", self.pos_embed[k], B))
         return torch.cat(parts, dim=-1)
 
     @torch.no_grad()
@@ -182,20 +182,20 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
         """Set the coefficients so that :meth:`embedding` is ``p [M, V.dim]``; ValueError when ``p`` is not
         invariant (its part outside the invariant basis is not negligible). Used to restrict models."""
         p = torch.as_tensor(np.asarray(p, dtype=np.float64))
-        if tuple(p.shape) != (self.num_tokens, self.ftype.dim):
-            expected = [self.num_tokens, self.ftype.dim]
+        if tuple(p.shape) != (self.num_tokens, self.embedding_type.dim):
+            expected = [self.num_tokens, self.embedding_type.dim]
             raise ValueError(f"expected an encoding of shape {expected}, got {list(p.shape)}")
         recon = torch.zeros_like(p)
-        blocks = self.ftype.blocks()
+        blocks = self.embedding_type.blocks()
         for n, k, _ in self._used:
-            coords = torch.as_tensor(self.ftype.block_coords(blocks[n][0]))  # [C, d] in the type's layout
-            B = self._exact_masters[f"basis_{n}"]  # [k, M, d], orthonormal
+            coords = torch.as_tensor(self.embedding_type.block_coords(blocks[n][0]))  # [C, d] in the type's layout
+            B = self.exact_buffer(f"basis_{n}")  # [k, M, d], orthonormal
             coeff = torch.einsum("mcd,kmd->ck", p[:, coords], B)
             self.pos_embed[k].copy_(coeff.to(self.pos_embed[k].dtype))
             recon[:, coords] = torch.einsum("ck,kmd->mcd", coeff, B)
         err = (recon - p).abs().max().item() if p.numel() else 0.0
         if err > atol * max(1.0, p.abs().max().item() if p.numel() else 1.0):
-            raise ValueError(f"the encoding is not invariant for {self.ftype.group.name}: residual {err:.3e}")
+            raise ValueError(f"the encoding is not invariant for {self.embedding_type.group.name}: residual {err:.3e}")
 
     def add_to_tokens(self, x: torch.Tensor) -> torch.Tensor:
         # torch._assert: the model makes the tokens (its input check covers user input); traceable by torch.fx
@@ -233,7 +233,7 @@ class FrameInvariantAPE(InvariantAPE):
     def load_embedding_(self, p: np.ndarray | torch.Tensor, atol: float = 1e-9) -> None:
         """Set the coefficients from an encoding in the tokens' basis ``p [M, |G| C]``."""
         p = torch.as_tensor(np.asarray(p, dtype=np.float64))
-        super().load_embedding_(p @ self._exact_masters["to_tokens"].T, atol)  # the inverse of p_irrep @ to_tokens
+        super().load_embedding_(p @ self.exact_buffer("to_tokens").T, atol)  # the inverse of p_irrep @ to_tokens
 
     def embedding_reference(self) -> torch.Tensor:
         """``[M, |G| C]`` the encoding in the tokens' basis."""

@@ -112,9 +112,7 @@ class _Entry:
 _SCHEMES: dict[str, _Entry] = {}
 
 
-def register_posenc(
-    name: str, bases: Sequence[str] = BASES, needs: Sequence[str] = ()
-) -> Callable[[Builder], Builder]:
+def register_posenc(name: str, bases: Sequence[str] = BASES, needs: Sequence[str] = ()) -> Callable[[Builder], Builder]:
     """Register ``builder(layout: TokenLayout, **options) -> PositionalScheme`` under ``name``: the token
     ``bases`` it acts on and what it ``needs`` from the tokens (:data:`NEEDS`: fixed ``positions``, ``poses``,
     the ``pose_symmetry``, a fixed ``num_tokens``)."""

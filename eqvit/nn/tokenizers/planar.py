@@ -155,6 +155,7 @@ class PlanarTokenizer(nn.Module):
     ) -> None:
         super().__init__()
         self.group, self.in_chans, self.out_type = group, in_chans, out_type
+        self.in_type = FeatureType.trivial(group, in_chans)  # each input channel a scalar field on the points
         self.offsets = np.asarray(offsets, dtype=np.float64)
         self.centers = np.asarray(centers, dtype=np.float64)
         self.num_tokens = len(self.centers)

@@ -69,7 +69,7 @@ class LiftedSquarePatchEmbed(ExactBuffers):
         nn.init.trunc_normal_(self.weight, std=0.02)
         # Patch centres in patch units (x right, y up), row-major like the conv output.
         self.positions = torch.from_numpy(centers / patch_size)
-        self.in_type = None  # pixels
+        self.in_type = FeatureType.trivial(group, in_chans)  # each input channel a scalar field on the pixels
         if basis == "frames":
             self.out_type = FeatureType.frames(group, channels)
             self._steer = _frame_kernels
@@ -145,6 +145,8 @@ class LiftedPointEmbed(nn.Module):
     def __init__(self, group: FiniteGroup, in_chans: int, channels: int) -> None:
         super().__init__()
         self.order, self.dim = group.order, group.dim
+        # The atom features are invariant; the positions (the other input) are vectors, lifted to the frames.
+        self.in_type, self.out_type = FeatureType.trivial(group, in_chans), FeatureType.frames(group, channels)
         self.lift = LiftToGroup(group)
         self.scalar_proj = vit_linear(in_chans, channels)
         self.vector_proj = vit_linear(group.dim, channels, bias=False)
@@ -165,6 +167,7 @@ class LiftedIcosphereEmbed(ExactBuffers):
     def __init__(self, group: FiniteGroup, in_chans: int, channels: int, input_level: int, patch_level: int) -> None:
         super().__init__()
         self.order = group.order
+        self.in_type, self.out_type = FeatureType.trivial(group, in_chans), FeatureType.frames(group, channels)
         self.embed = IcospherePatchEmbed(in_chans, channels, input_level, patch_level)
         self.axes_proj = vit_linear(6, channels, bias=False)
         poses = self.embed.poses  # [3M, 3, 3] float64, columns (e1, e2, e3)
