@@ -41,11 +41,10 @@ from eqvit.models.platonic import _channels, default_heads, platonic_cfg, spatia
 from eqvit.models.restrict_platonic import restrictor
 from eqvit.models.vit import EquivariantViT, PointCloudViT, build_blocks
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.layers import FeatureGather
-from eqvit.nn.platonic import InvariantPoolHead, PlatonicAttention, platonic_block
+from eqvit.nn.platonic import FrameProjectedAttention, InvariantPoolHead, PlatonicAttention, platonic_block
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.posenc.registry import TokenLayout, build_posenc, posenc_name
-from eqvit.nn.regular import GroupConvLinear, RegularLayerNorm
+from eqvit.nn.regular import RegularLayerNorm
 from eqvit.nn.tokenizers.platonic import CentredPoints, LiftedPointEmbed
 from eqvit.utils import unknown_name_error
 
@@ -55,13 +54,13 @@ NUM_ELEMENTS = 5  # H, C, N, O, F
 MEAN_ATOMS = 18.0  # QM9's mean atom count: sum pooling divides by it so the pooled features stay O(1)
 
 
-class FixedKeyAttention(PlatonicAttention):
+class FixedKeyAttention(FrameProjectedAttention):
     """Frames-as-heads attention whose keys are one constant vector, rotated by frame RoPE (seed App. M).
 
-    ``x [B, N, |G| C] -> [B, N, |G| C]``. The group-convolution projection gives q and v only
-    (``2 C`` channels per frame, reordered to ``(q/v, frame, channel)`` by ``head_order``, which
-    ``eqvit.fuse`` folds into its rows as for :class:`PlatonicAttention`); the keys are ones before
-    the rotation. Arguments as :class:`PlatonicAttention` (``qk_norm`` normalises the queries).
+    ``x [B, N, |G| C] -> [B, N, |G| C]``. The group-convolution projection gives q and v only (``2 C`` channels
+    per frame, reordered to ``(q/v, frame, channel)``: :class:`~eqvit.nn.platonic.FrameProjectedAttention`);
+    the keys are ones before the rotation. Arguments as :class:`~eqvit.nn.platonic.PlatonicAttention`
+    (``qk_norm`` normalises the queries).
     """
 
     def __init__(
@@ -77,34 +76,20 @@ class FixedKeyAttention(PlatonicAttention):
         scores: str = "frames",
         impl: str = "auto",
     ) -> None:
-        super().__init__(group, channels, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, fused, scores, impl)
-        self.qkv = GroupConvLinear(group, channels, 2 * channels, bias=qkv_bias, impl=impl)
-        self.k_norm = nn.Identity()  # the keys are a constant: nothing to normalise
-        rows = torch.arange(2 * group.order * channels).view(group.order, 2, channels).transpose(0, 1)
-        self.head_order = FeatureGather(rows.flatten())
+        super().__init__(group, channels, num_heads, 2, qkv_bias, attn_drop, proj_drop, fused, scores, impl)
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()  # the keys are constant
 
     def forward(
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
     ) -> torch.Tensor:
         """``x [B, N, |G| C] -> [B, N, |G| C]``."""
-        B, N, _ = x.shape
-        G, H, D = self.order, self.num_heads, self.head_dim
-        qv = self.head_order(self.qkv(x)).unflatten(-1, (2, G * H, D))  # [B, N, 2, G H, D]
-        q, v = self.q_norm(qv[:, :, 0]), qv[:, :, 1]
+        qv = self.project_qkv(x)  # [B, N, 2, G H, D]
+        q = self.q_norm(qv[:, :, 0])
         qk = torch.stack([q, torch.ones_like(q)], dim=2)  # the fixed keys, before RoPE
         if rope is not None:
             qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
-        q, k = qk.unbind(2)
-        if self.scores == "frames":
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, G H, N, D]
-        else:
-            q, k, v = (t.reshape(B, N, G, H, D).permute(0, 3, 1, 2, 4).reshape(B, H, N, G * D) for t in (q, k, v))
-        out = self.sdpa(q, k, v)
-        if self.scores == "frames":
-            out = out.transpose(1, 2)
-        else:
-            out = out.reshape(B, H, N, G, D).permute(0, 2, 3, 1, 4)
-        return self.proj_drop(self.proj(out.reshape(B, N, G * H * D)))
+        out = self._attend(*qk.unbind(2), qv[:, :, 1], self.sdpa, *self._score_args)
+        return self.proj_drop(self.proj(out))
 
 
 @restrictor(FixedKeyAttention)

@@ -72,7 +72,59 @@ class FrameAttention(ExactBuffers):
         return self.sdpa.fused
 
 
-class PlatonicAttention(FrameAttention):
+class FrameProjectedAttention(FrameAttention):
+    """Frames-as-heads attention whose projections are group convolutions on the frames: one for the ``parts``
+    (q, k, v; or q, v when the keys are fixed) and one for the output. The projection's output is reordered
+    (``head_order``, folded into its rows by :meth:`fold`) from frames-major ``(G, parts, H, D)`` to
+    ``(parts, G, H, D)``: each part is then a plain view, as in timm. The subclasses add the forward.
+    """
+
+    def __init__(
+        self,
+        group: FiniteGroup,
+        channels: int,
+        num_heads: int,
+        parts: int,
+        qkv_bias: bool,
+        attn_drop: float,
+        proj_drop: float,
+        fused: bool,
+        scores: str,
+        impl: str,
+    ) -> None:
+        super().__init__(group, channels, num_heads, attn_drop, fused, scores)
+        self.in_type = self.out_type = FeatureType.frames(group, channels)
+        self.qkv = GroupConvLinear(group, channels, parts * channels, bias=qkv_bias, impl=impl)
+        self.proj = GroupConvLinear(group, channels, channels, impl=impl)
+        self.proj_drop = nn.Dropout(proj_drop)
+        # Row r of the output in (part, frame, channel) order reads row (frame, part, channel).
+        rows = torch.arange(parts * group.order * channels).view(group.order, parts, channels).transpose(0, 1)
+        self.head_order = FeatureGather(rows.flatten())
+        self.parts = parts
+        self._attend = _frames_scores if scores == "frames" else _invariant_scores
+        self._score_args = () if scores == "frames" else (group.order,)
+
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, N, |G| C] -> [B, N, parts, |G| H, D]``: the parts with frames-major heads."""
+        out = self.head_order(self.qkv(x))
+        return out.unflatten(-1, (self.parts, self.order * self.num_heads, self.head_dim))
+
+    def fold(self) -> nn.Module:
+        """The inference form: with a dense (``"cayley"``) projection, the head order folded into its rows; the
+        linears then fold themselves."""
+        if not (isinstance(self.head_order, FeatureGather) and getattr(self.qkv, "impl", None) == "cayley"):
+            return self
+        from eqvit.nn.folded import FoldedLinear
+
+        weight, bias = self.qkv.gather_dense()
+        index = self.head_order.index
+        folded = copy.deepcopy(self)
+        folded.qkv = FoldedLinear(weight[index], None if bias is None else bias[index], out_type=self.qkv.out_type)
+        folded.head_order = nn.Identity()
+        return folded
+
+
+class PlatonicAttention(FrameProjectedAttention):
     """Self-attention on regular features with frames as heads.
 
     Per frame, ``C`` channels split into ``H`` heads of ``D = C / H``. ``scores="frames"`` (the
@@ -80,11 +132,7 @@ class PlatonicAttention(FrameAttention):
     per frame; ``scores="invariant"`` (seed eq. 13) merges frames into the head channels,
     ``[B, H, N, |G| D]``, so each score sums the frames' scores before the softmax and one pattern
     is shared by all frames. Rotary schemes (frame RoPE) rotate ``q, k`` stacked, ``[B, N, 2, |G| H, D]``,
-    in place.
-
-    The qkv projection's output is reordered (``head_order``, folded into its rows by :meth:`fold`)
-    from frames-major ``(G, 3, H, D)`` to ``(3, G, H, D)``: q, k and v are then plain views, as in
-    timm, and q and k are rotated together in one op.
+    in place; q, k and v are views of the reordered projection (:class:`FrameProjectedAttention`).
 
     Args:
         group: the frames G.
@@ -110,23 +158,8 @@ class PlatonicAttention(FrameAttention):
         scores: str = "frames",
         impl: str = "auto",
     ) -> None:
-        super().__init__(group, channels, num_heads, attn_drop, fused, scores)
-        self.in_type = self.out_type = FeatureType.frames(group, channels)
-        self.qkv = GroupConvLinear(group, channels, 3 * channels, bias=qkv_bias, impl=impl)
+        super().__init__(group, channels, num_heads, 3, qkv_bias, attn_drop, proj_drop, fused, scores, impl)
         self.q_norm, self.k_norm, self._stack_qk = qk_norms(self.head_dim, qk_norm)  # shared over frames, heads
-        self.proj = GroupConvLinear(group, channels, channels, impl=impl)
-        self.proj_drop = nn.Dropout(proj_drop)
-        # Row r of the qkv output in (q/k/v, frame, channel) order reads row (frame, q/k/v, channel);
-        # fold() folds this gather into the projection's rows.
-        rows = torch.arange(3 * group.order * channels).view(group.order, 3, channels).transpose(0, 1)
-        self.head_order = FeatureGather(rows.flatten())
-        self._attend = _frames_scores if scores == "frames" else _invariant_scores
-        self._score_args = () if scores == "frames" else (group.order,)
-
-    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, N, |G| C] -> [B, N, 3, |G| H, D]``: q, k, v with frames-major heads."""
-        out = self.head_order(self.qkv(x))
-        return out.unflatten(-1, (3, self.order * self.num_heads, self.head_dim))
 
     def forward(
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
@@ -138,20 +171,6 @@ class PlatonicAttention(FrameAttention):
             qk = rope.rotate_qk_stacked_(qk, num_prefix_tokens)
         out = self._attend(*qk.unbind(2), qkv[:, :, 2], self.sdpa, *self._score_args)
         return self.proj_drop(self.proj(out))
-
-    def fold(self) -> nn.Module:
-        """The inference form: with a dense (``"cayley"``) projection, the head order folded into its rows; the
-        linears then fold themselves."""
-        if not (isinstance(self.head_order, FeatureGather) and getattr(self.qkv, "impl", None) == "cayley"):
-            return self
-        from eqvit.nn.folded import FoldedLinear
-
-        weight, bias = self.qkv.gather_dense()
-        index = self.head_order.index
-        folded = copy.deepcopy(self)
-        folded.qkv = FoldedLinear(weight[index], None if bias is None else bias[index], out_type=self.qkv.out_type)
-        folded.head_order = nn.Identity()
-        return folded
 
 
 def _check_heads(channels: int, num_heads: int, scores: str) -> None:
