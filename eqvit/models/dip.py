@@ -20,8 +20,8 @@ is unchanged by translations and permutes with the atoms. ``group`` picks the fr
 
 Batches hold molecules of one atom count (the generation task buckets them), so attention needs no mask.
 
-Registered: ``dip_qm9_tiny`` (tests), ``dip_qm9_trivial``, ``dip_qm9_T``, ``dip_qm9_O``, ``dip_qm9_I``
-(width 192, depth 6).
+Registered: ``dip_qm9_tiny`` (tests), ``dip_qm9_trivial``, ``dip_qm9_T``, ``dip_qm9_O`` (width 192, depth 4;
+``group="I"`` needs a width that is a multiple of 60, e.g. ``embed_dim=240``).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def build_dip(
     group: str = "T",
     in_chans: int = NUM_TYPES,
     embed_dim: int = 192,
-    depth: int = 6,
+    depth: int = 4,
     num_heads: int | None = None,
     mlp_ratio: float = 4.0,
     cond_dim: int = 128,
@@ -243,20 +243,20 @@ def dip_qm9_tiny(pretrained: bool = False, **kwargs: Any) -> PlatonicDenoiser:
 
 @register_model
 def dip_qm9_trivial(pretrained: bool = False, **kwargs: Any) -> PlatonicDenoiser:
-    """DiP with trivial frames (a translation-equivariant DiT with RoPE): width 192, depth 6, 12 heads."""
+    """DiP with trivial frames (a translation-equivariant DiT with RoPE): width 192, depth 4, 12 heads."""
     model_args = dict(group="trivial")
     return _create("dip_qm9_trivial", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def dip_qm9_T(pretrained: bool = False, **kwargs: Any) -> PlatonicDenoiser:
-    """DiP with tetrahedral frames: width 192 (16 channels per frame), depth 6, one head per frame."""
+    """DiP with tetrahedral frames: width 192 (16 channels per frame), depth 4, one head per frame."""
     model_args = dict(group="T")
     return _create("dip_qm9_T", pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def dip_qm9_O(pretrained: bool = False, **kwargs: Any) -> PlatonicDenoiser:
-    """DiP with octahedral frames: width 192 (8 channels per frame), depth 6, one head per frame."""
+    """DiP with octahedral frames: width 192 (8 channels per frame), depth 4, one head per frame."""
     model_args = dict(group="O")
     return _create("dip_qm9_O", pretrained=pretrained, **dict(model_args, **kwargs))

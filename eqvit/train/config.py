@@ -119,12 +119,12 @@ class DiffusionConfig:
     ``eval_steps`` steps (null: ``steps``) and reports their atom and molecule stability.
     """
 
-    schedule: str = "polynomial"
-    target: str = "eps"
-    weighting: str = "eps"
+    schedule: str = "cosine"
+    target: str = "v"
+    weighting: str = "velocity"
     type_scale: float = 0.25
     sampler: str = "ancestral"
-    steps: int = 500
+    steps: int = 250
     sample_batch: int = 100
     eval_samples: int = 0
     eval_steps: int | None = None
