@@ -11,6 +11,7 @@ model; ``--json`` writes them as null).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import signal
 import sys
@@ -129,7 +130,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from eqvit.train.config import load_config
     from eqvit.train.engine import train
-    from eqvit.train.signals import stop_signals
 
     config = load_config(args.config)
     if args.checkpoint_every is not None:
@@ -140,15 +140,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         config.train.amp = True
     if args.compile:
         config.train.compile = True
-    with stop_signals():  # SIGTERM and SIGHUP save a checkpoint as Ctrl-C does
-        summary = train(
-            config,
-            out_dir=args.out,
-            max_steps=args.max_steps,
-            max_minutes=args.max_minutes,
-            resume=args.resume,
-            overwrite=args.overwrite,
-        )
+    summary = train(
+        config,
+        out_dir=args.out,
+        max_steps=args.max_steps,
+        max_minutes=args.max_minutes,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
     if summary["steps"] == 0:
         print("eqvit: error: no training step was run", file=sys.stderr)
         return 1
@@ -430,11 +429,22 @@ def reference_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eqvit.train.checkpoint import CheckpointError
-    from eqvit.train.config import ConfigError
+    from eqvit.train.signals import stop_signals
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    # train: SIGTERM and SIGHUP save a checkpoint as Ctrl-C does. The messages below are printed with the
+    # signals still caught, so a second one cannot cut them; run as the process's own command line
+    # (argv None), a stop leaves them ignored for the exit that follows.
+    with stop_signals(exit_after=argv is None) if args.func is _cmd_train else contextlib.nullcontext():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``args.func(args)``, with every user error as one paragraph on stderr and its exit code."""
+    from eqvit.train.checkpoint import CheckpointError
+    from eqvit.train.config import ConfigError
+
     try:
         return args.func(args)
     except (ConfigError, CheckpointError, ValueError, FloatingPointError) as err:

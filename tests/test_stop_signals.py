@@ -278,3 +278,29 @@ def test_resume_after_sigint_at_a_random_moment_is_exact(tmp_path, cache_dir):
     assert result.returncode == 0, result.stderr[-2000:]
     engine.train(load_config(config), out_dir=tmp_path / "full", progress=False)
     assert_bit_identical(tmp_path / "full", out)
+
+
+def test_two_sigints_20_ms_apart_to_a_real_train_exit_130_with_the_checkpoint_named(tmp_path, cache_dir):
+    """The second signal lands in the save, in the message or in the exit: none of them is cut, the exit code
+    stays the shell's, and the checkpoint the message names is there."""
+    config = write_config(tmp_path, cache_dir, max_steps=100_000)
+    out = tmp_path / "twice"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eqvit", "train", str(config), "--out", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    seen, deadline = "", time.time() + 240
+    while "2/100000" not in seen and time.time() < deadline and proc.poll() is None:
+        seen += proc.stderr.read(1) or ""
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (seen + stderr)[-2000:]
+    step = load_checkpoint(out / "last.safetensors")[1]["step"]
+    assert f"the checkpoint of step {step} (the last completed) is in {out / 'last.safetensors'}" in stderr

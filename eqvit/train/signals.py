@@ -63,9 +63,14 @@ def _main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def stop_signals() -> Iterator[None]:
+def stop_signals(exit_after: bool = False) -> Iterator[None]:
     """Turn SIGINT, SIGTERM and SIGHUP into :class:`Interrupted` inside the block (main thread only;
-    elsewhere, and for a signal the process ignores, nothing changes). Re-entrant."""
+    elsewhere, and for a signal the process ignores, nothing changes). Re-entrant.
+
+    The previous handlers come back when the block ends; with ``exit_after`` (the process exits after the
+    block) a block that ends after a stop signal leaves the three ignored instead, so that a second
+    signal cannot turn the orderly exit into a death by signal.
+    """
     if not _main_thread() or _State.installed:
         yield
         return
@@ -78,9 +83,10 @@ def stop_signals() -> Iterator[None]:
     try:
         yield
     finally:
+        stopped = _State.stopping
         _State.installed, _State.stopping, _State.pending = False, False, None
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if stopped and exit_after else handler)
 
 
 @contextlib.contextmanager
