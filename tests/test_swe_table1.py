@@ -29,10 +29,14 @@ def test_configs_are_the_seeds_protocol(row):
         assert cfg.train.device == "cuda"
 
 
-def test_rows_merge_in_table_order_and_replace_their_model():
+def test_rows_merge_in_table_order_and_replace_their_model_and_variant():
     old = [{"model": "so3vit_4x256", "l2": 1.0}, {"model": "so3vit_4x128", "l2": 2.0}]
     merged = swe_table1.merge_rows(old, [{"model": "so3vit_4x128", "l2": 3.0}])
     assert merged == [{"model": "so3vit_4x128", "l2": 3.0}, {"model": "so3vit_4x256", "l2": 1.0}]
+    lr = {"model": "so3vit_4x128", "variant": "lr", "l2": 4.0}
+    merged = swe_table1.merge_rows(merged, [lr])
+    assert [swe_table1.row_key(r) for r in merged] == ["so3vit_4x128", "so3vit_4x128-lr", "so3vit_4x256"]
+    assert swe_table1.merge_rows(merged, [{**lr, "l2": 5.0}])[1]["l2"] == 5.0
 
 
 def test_driver_writes_a_row_with_the_seeds_figures(tmp_path, monkeypatch, capsys):
@@ -59,6 +63,19 @@ def test_driver_writes_a_row_with_the_seeds_figures(tmp_path, monkeypatch, capsy
         assert (out.with_suffix("") / "so3vit_4x128" / name).is_file()
     printed = capsys.readouterr().out
     assert "seed l2" in printed and "0.058" in printed
+    # a variant: the same row with changed settings, beside it, in a run folder of its own
+    argv = ["swe_table1", "--out", str(out), "--variant", "lr", "--set", "optim.lr=3e-3", "train.max_steps=1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    swe_table1.main()
+    base, variant = json.loads(out.read_text())
+    assert base == row and variant["variant"] == "lr" and variant["steps"] == 1
+    assert variant["settings"] == ["optim.lr=3e-3", "train.max_steps=1"]
+    assert (tmp_path / "run-lr" / "metrics.json").is_file()
+    assert (out.with_suffix("") / "so3vit_4x128-lr" / "loss_curve.png").is_file()
+    monkeypatch.setattr(sys, "argv", ["swe_table1", "--out", str(out), "--set", "optim.lr=3e-3"])
+    with pytest.raises(SystemExit):
+        swe_table1.main()
+    assert "--variant" in capsys.readouterr().err
 
 
 def test_probe_settings_are_validated_like_a_config():

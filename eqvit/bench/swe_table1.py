@@ -15,6 +15,9 @@ Usage: ``python benchmarks/swe_table1.py [--rows so3vit_4x128 so3vit_4x256] [--m
 row records the epochs reached). The SO3ViT rows run on one thread (``train.threads: 1`` in their
 configs); the S2Transformer row is for a GPU (``train.device: cuda``).
 
+``--variant NAME --set SECTION.KEY=VALUE ...`` trains a row with changed settings as a row of its own
+(``<model>-NAME``, beside the config's row; its run folder is ``train.out-NAME``).
+
 Probes of the gap to the seed: ``--probe NAME --steps N --set optim.lr=3e-3 model.num_heads=1`` trains
 the first of ``--rows`` for N steps (its cosine schedule over those N) with the settings changed
 (``model.KEY`` sets a model keyword, ``SECTION.KEY`` a config field; values are YAML), scores it the
@@ -100,17 +103,24 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         load = f"{r['loadavg_start'][0]:.1f}-{r['loadavg_end'][0]:.1f}" if r.get("loadavg_start") else "-"
         wall = f"{r['wall_s'] / 60:.1f}" if r.get("wall_s") is not None else "-"
         lines.append(
-            f"{r['model']:<22} {r['epochs']:>6.1f} {r['seed_l1']:>8.3f} {r['seed_l2']:>8.3f} {r['l1']:>7.4f} "
+            f"{row_key(r):<22} {r['epochs']:>6.1f} {r['seed_l1']:>8.3f} {r['seed_l2']:>8.3f} {r['l1']:>7.4f} "
             f"{r['l2']:>7.4f} {r['rel_l1']:>7.4f} {r['rel_l2']:>7.4f} {wall:>10} {load:>9}"
         )
     return "\n".join(lines)
 
 
+def row_key(row: dict[str, Any]) -> str:
+    """A row's name: the model, and ``-VARIANT`` for a variant run with changed settings."""
+    return row["model"] + (f"-{row['variant']}" if row.get("variant") else "")
+
+
 def merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``old`` with the rows of the models in ``new`` replaced (new models appended), in Table 1's order."""
-    by_model = {r["model"]: r for r in old} | {r["model"]: r for r in new}
-    order = [m for m in SEED if m in by_model] + [m for m in by_model if m not in SEED]
-    return [by_model[m] for m in order]
+    """``old`` with the rows of ``new`` replaced (by model and variant; new ones added), in Table 1's order,
+    each model's own row before its variants."""
+    by_key = {row_key(r): r for r in old} | {row_key(r): r for r in new}
+    rank = {model: i for i, model in enumerate(SEED)}
+    order = sorted(by_key, key=lambda k: (rank.get(by_key[k]["model"], len(rank)), by_key[k].get("variant") or ""))
+    return [by_key[k] for k in order]
 
 
 class LoadSampler:
@@ -136,13 +146,16 @@ class LoadSampler:
         self._thread.join()
 
 
-def run_row(name: str, config_file: Path, max_steps: int | None, max_minutes: float | None) -> tuple[Path, dict]:
-    """Train one row (replacing its run folder); returns ``(run folder, timing record)``."""
+def run_row(
+    config_file: Path, max_steps: int | None, max_minutes: float | None, variant: str | None, settings: list[str]
+) -> tuple[Path, dict]:
+    """Train one row (replacing its run folder; a variant's is ``train.out-VARIANT``, trained with ``settings``);
+    returns ``(run folder, timing record)``."""
     from eqvit.train.config import load_config
     from eqvit.train.engine import train
 
-    config = load_config(config_file)
-    out = Path(config.train.out)
+    config = with_settings(load_config(config_file), settings)
+    out = Path(config.train.out + (f"-{variant}" if variant else ""))
     load_start, begin = os.getloadavg(), time.perf_counter()
     with LoadSampler() as load:
         train(config, out, max_steps=max_steps, max_minutes=max_minutes, overwrite=True)
@@ -268,7 +281,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(results_dir() / "swe_table1.json"))
     parser.add_argument("--probe", metavar="NAME", help="a short probe of the first row, written to probes.json")
     parser.add_argument("--steps", type=int, default=150, help="--probe: training steps")
-    parser.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE", help="--probe: changed settings")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE", help="--probe / --variant: changed settings"
+    )
+    parser.add_argument("--variant", help="train the rows with --set settings as variant rows named NAME")
     parser.add_argument(
         "--example-data", action="store_true", help="persistence in torch-harmonics' own pipeline, both grids"
     )
@@ -297,12 +313,15 @@ def main() -> None:
         return
 
     rows = []
+    if args.set and not args.variant:
+        parser.error("--set changes a row's settings: name the variant with --variant (or use --probe)")
     for name in args.rows:
         config_file = config_path(CONFIGS[name])
-        run, timing = run_row(name, config_file, args.max_steps, args.max_minutes)
+        run, timing = run_row(config_file, args.max_steps, args.max_minutes, args.variant, args.set)
         summary = json.loads((run / "metrics.json").read_text())
-        rows.append(table_row(name, config_file, summary, timing))
-        folder = out.with_suffix("") / name
+        variant = {"variant": args.variant, "settings": list(args.set)} if args.variant else {}
+        rows.append({**table_row(name, config_file, summary, timing), **variant})
+        folder = out.with_suffix("") / row_key(rows[-1])
         folder.mkdir(parents=True, exist_ok=True)
         for artifact in ARTIFACTS:
             if (run / artifact).is_file():
