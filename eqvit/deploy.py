@@ -11,8 +11,11 @@ onnxruntime).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -53,6 +56,19 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got - expected).abs().max() / expected.abs().max().clamp_min(torch.finfo(expected.dtype).tiny))
 
 
+@contextlib.contextmanager
+def _quiet_onnx_ir() -> Iterator[None]:
+    """onnx_ir warns on every empty attribute list the exporter writes (it defaults them to INTS, which is
+    right for ours): keep those notes out of the user's terminal while exporting."""
+    log = logging.getLogger("onnx_ir")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def export_onnx(model: nn.Module, path: str | Path, tolerance: float = ONNX_TOLERANCE) -> float:
     """Write ``model`` (eval mode) to the ONNX file ``path`` with a free batch size (the dynamo exporter), run it
     in onnxruntime on a batch of another size and compare with eager PyTorch.
@@ -71,15 +87,16 @@ def export_onnx(model: nn.Module, path: str | Path, tolerance: float = ONNX_TOLE
     os.close(fd)
     try:
         # one self-contained file (the weights inside, no external data file beside it)
-        torch.onnx.export(
-            model,
-            inputs,
-            tmp,
-            dynamo=True,
-            dynamic_shapes=batch_dynamic_shapes(inputs),
-            external_data=False,
-            verbose=False,
-        )
+        with _quiet_onnx_ir():
+            torch.onnx.export(
+                model,
+                inputs,
+                tmp,
+                dynamo=True,
+                dynamic_shapes=batch_dynamic_shapes(inputs),
+                external_data=False,
+                verbose=False,
+            )
         check = example_inputs(model, CHECK_BATCH, seed=1)
         session = onnxruntime.InferenceSession(tmp)
         feeds = {arg.name: x.detach().cpu().numpy() for arg, x in zip(session.get_inputs(), check)}
