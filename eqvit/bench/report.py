@@ -279,7 +279,7 @@ def _swe_accuracy(d: dict) -> Lines:
         ("steps", "steps"),
         ("rel L2", "m_rel_l2"),
         ("rel L1", "m_rel_l1"),
-        ("beats persistence", "beats_persistence_l2"),
+        ("beats persistence", "beats_persistence"),
     ]
     return table(rows, cols)
 

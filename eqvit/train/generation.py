@@ -23,6 +23,7 @@ from torch import nn
 from eqvit.geometry.noisy_points import NoisyPointCloudDomain
 from eqvit.train.config import DataConfig, DiffusionConfig
 from eqvit.train.regression import QM9NotInstalledError, same_count_batches
+from eqvit.train.reporting import Column, MetricReport
 
 DEFAULT_EVAL_SUBSET = 1000
 
@@ -41,13 +42,19 @@ def make_sampler(cfg: DiffusionConfig, steps: int | None = None):
     return Sampler(make_diffusion(cfg), steps or cfg.steps, cfg.sampler)
 
 
-class QM9GenerationTask:
+class QM9GenerationTask(MetricReport):
     """Denoising on QM9 (module docstring); the process is ``data.diffusion``."""
 
     baseline_name = "zero_output"
     monitor, monitor_mode = "val_loss", "min"
     loss_label, loss_log_scale = "train loss (weighted denoising MSE)", True
     curve_label = "validation denoising loss"
+    headline_label = "validation denoising loss"
+    report_columns = (
+        Column("val_loss", "val loss"),
+        Column("atom_stability", "atom stab.", ".1f", 100.0, "%"),
+        Column("molecule_stability", "mol. stab.", ".1f", 100.0, "%"),
+    )
 
     def __init__(self, cfg: DataConfig, model: nn.Module, device: torch.device) -> None:
         from eqvit.data.qm9 import ELEMENTS, qm9_splits
@@ -175,28 +182,12 @@ class QM9GenerationTask:
         dtype = next(model.parameters()).dtype
         return sampler.sample(model.eval(), counts, source, self.diffusion_cfg.sample_batch, dtype, progress)
 
-    def summary(self, final: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    def summary_extras(self, final: dict[str, Any]) -> dict[str, Any]:
         return {
             "val_loss": final["val_loss"],
             "val_molecules": len(self.splits["val"]),
             "train_molecules": len(self.splits["train"]),
-            "beats_zero_output": final["val_loss"] < baseline["val_loss"],
         }
-
-    @staticmethod
-    def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-        lines = [f"{'':<22} {'val loss':>10} {'atom stab.':>11} {'mol. stab.':>11}"]
-        for name, m in rows:
-            stab = [
-                f"{100 * m[k]:>10.1f}%" if k in m else f"{'-':>11}" for k in ("atom_stability", "molecule_stability")
-            ]
-            lines.append(f"{name:<22} {m['val_loss']:>10.4f} {stab[0]} {stab[1]}")
-        return "\n".join(lines)
-
-    @staticmethod
-    def verdict(summary: dict[str, Any]) -> str:
-        word = "beats" if summary["beats_zero_output"] else "does NOT beat"
-        return f"{summary['model']} {word} the zero output in validation denoising loss."
 
     def write_plots(self, final: dict[str, Any], out: Path, name: str) -> list[str]:
         return []

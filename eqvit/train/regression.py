@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from eqvit.train.config import DataConfig
+from eqvit.train.reporting import Column, MetricReport
 
 HARTREE_MEV = 27_211.386
 UNITS = {
@@ -107,13 +108,14 @@ def same_count_batches(num_atoms: np.ndarray, batch_size: int, rng: np.random.Ge
     return batches
 
 
-class QM9Task:
+class QM9Task(MetricReport):
     """Regression of QM9 properties with a molecule model ``model(pos [B, n, 3], atoms [B, n, 5])``."""
 
     baseline_name = "train_mean"
     monitor, monitor_mode = "mae_norm", "min"
     loss_label, loss_log_scale = "train loss (L1, normalised targets)", True
     curve_label = "validation MAE (normalised, mean over targets)"
+    headline_label = "validation MAE (normalised, mean over targets)"
 
     def __init__(self, cfg: DataConfig, model: nn.Module, device: torch.device) -> None:
         from eqvit.data.qm9 import ELEMENTS, qm9_splits, target_columns
@@ -123,7 +125,8 @@ class QM9Task:
         self.names = list(cfg.targets)
         if not self.names:
             raise ValueError("data.targets: expected at least one QM9 target, got none")
-        self.columns = target_columns(self.names)
+        self.columns = target_columns(self.names)  # ValueError naming an unknown target
+        self.report_columns = tuple(Column(f"mae_{n}", f"MAE {n} [{UNITS[n][0]}]", ".4g") for n in self.names)
         in_chans = getattr(model, "in_chans", None)
         outputs = getattr(model, "out_chans", None)
         if in_chans != len(ELEMENTS) or getattr(getattr(model, "domain", None), "dim", None) != 3:
@@ -221,26 +224,13 @@ class QM9Task:
         test = self.scores(model, "test")
         return {"test_mae": {n: test[f"mae_{n}"] for n in self.names}, "test_molecules": len(self.splits["test"])}
 
-    def summary(self, final: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    def summary_extras(self, final: dict[str, Any]) -> dict[str, Any]:
         return {
             "val_mae": {n: final[f"mae_{n}"] for n in self.names},
             "units": {n: UNITS[n][0] for n in self.names},
             "val_molecules": len(self.splits["val"]),
             "train_molecules": len(self.splits["train"]),
-            "beats_train_mean": final["mae_norm"] < baseline["mae_norm"],
         }
-
-    def table(self, rows: list[tuple[str, dict[str, Any]]]) -> str:
-        head = "".join(f" {f'{n} [{UNITS[n][0]}]':>16}" for n in self.names)
-        lines = [f"{'validation MAE':<22}{head}"]
-        for name, m in rows:
-            lines.append(f"{name:<22}" + "".join(f" {m[f'mae_{n}']:>16.4g}" for n in self.names))
-        return "\n".join(lines)
-
-    @staticmethod
-    def verdict(summary: dict[str, Any]) -> str:
-        word = "beats" if summary["beats_train_mean"] else "does NOT beat"
-        return f"{summary['model']} {word} the training-set normalisation (mean / element-count fit) in MAE."
 
     def write_plots(self, final: dict[str, Any], out: Path, name: str) -> list[str]:
         import matplotlib

@@ -11,9 +11,10 @@ A task owns the data for one model's domain. The engine uses:
 * ``steps_per_epoch`` (``None`` for an endless stream), ``data_state()`` / ``load_data_state()``
   (what resuming must restore of the data stream);
 * ``summary(final, baseline)``, ``table(rows)``, ``verdict(summary)`` and ``write_plots(final, out,
-  name)`` for the reports.
+  name)`` for the reports (the first three from :class:`~eqvit.train.reporting.MetricReport`).
 
-:class:`Task` is that list as a typed protocol. In-memory tensors are a task too
+:class:`Task` is that list as a typed protocol, the union of one protocol per concern: :class:`TaskData`,
+:class:`Objective`, :class:`Evaluation` and :class:`Report`. In-memory tensors are a task too
 (:class:`TensorClassificationTask`, what :func:`eqvit.train.classify.fit_classifier` trains on).
 
 The dataset name (``data.name``) decides the task: ``shallow_water`` (SO3ViT on icosphere
@@ -37,38 +38,53 @@ import torch
 from torch import nn
 
 from eqvit.train.config import DataConfig
+from eqvit.train.reporting import Column, MetricReport
 from eqvit.utils import unknown_name_error
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 
 
 @runtime_checkable
-class Task(Protocol):
-    """What the :class:`~eqvit.train.engine.Trainer` needs of a task (see the module docstring).
+class TaskData(Protocol):
+    """The data: batches ``(inputs, target)`` (the model is called as ``model(*inputs)``), the epoch length
+    (None: an endless stream) and the stream's state, which resuming restores."""
 
-    Data: ``train_batch``, ``steps_per_epoch``, ``data_state`` / ``load_data_state``. Loss: ``loss``.
-    Metrics and evaluation: ``evaluate`` (``None``: the baseline ``baseline_name``), ``monitor`` /
-    ``monitor_mode`` (the metric early stopping and the plateau schedule follow). Reports: ``summary``,
-    ``table``, ``verdict``, ``write_plots`` and the curve labels.
-    """
-
-    baseline_name: str
-    monitor: str
-    monitor_mode: str  # "min" | "max"
     steps_per_epoch: int | None
-    loss_label: str
-    loss_log_scale: bool
-    curve_label: str
 
     def train_batch(self) -> tuple[Inputs, torch.Tensor]: ...
-
-    def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
-
-    def evaluate(self, model: nn.Module | None) -> dict[str, Any]: ...
 
     def data_state(self) -> torch.Tensor: ...
 
     def load_data_state(self, state: torch.Tensor) -> None: ...
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """The training loss, and how its curve is labelled and scaled."""
+
+    loss_label: str
+    loss_log_scale: bool
+
+    def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Evaluation(Protocol):
+    """Validation metrics of a model, or (``None``) of the task's baseline ``baseline_name``; ``monitor`` is the
+    metric early stopping and the plateau schedule follow, better ``"min"`` or ``"max"`` (``monitor_mode``)."""
+
+    baseline_name: str
+    monitor: str
+    monitor_mode: str  # "min" | "max"
+    curve_label: str
+
+    def evaluate(self, model: nn.Module | None) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Report(Protocol):
+    """The run's summary entry, final table, verdict and plots (:class:`~eqvit.train.reporting.MetricReport`
+    implements the first three for every task)."""
 
     def summary(self, final: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -77,6 +93,12 @@ class Task(Protocol):
     def verdict(self, summary: dict[str, Any]) -> str: ...
 
     def write_plots(self, final: dict[str, Any], out: Path, name: str) -> list[str]: ...
+
+
+@runtime_checkable
+class Task(TaskData, Objective, Evaluation, Report, Protocol):
+    """What the :class:`~eqvit.train.engine.Trainer` needs of a task: its data, objective, evaluation and
+    report (the module docstring)."""
 
 
 def _model_name(model: nn.Module) -> str:
@@ -154,7 +176,7 @@ def default_cache_dir(cfg: DataConfig) -> Path:
     return Path(cfg.cache_dir or os.environ.get("EQVIT_CACHE", "~/.cache/eqvit")).expanduser() / cfg.name
 
 
-class ShallowWaterTask:
+class ShallowWaterTask(MetricReport):
     """Next-hour prediction of the shallow-water state (normalised fields, 3 channels).
 
     Args:
@@ -168,6 +190,14 @@ class ShallowWaterTask:
     loss_label, loss_log_scale = "train loss (weighted MSE)", True
     curve_label = "validation relative L2"
     steps_per_epoch = None  # an endless stream of fresh simulations
+    headline_label = "relative L2"
+    report_columns = (
+        Column("rel_l2", "rel L2"),
+        Column("rel_l1", "rel L1"),
+        Column("l2", "L2"),
+        Column("l1", "L1"),
+        Column("polar_error_ratio", "polar ratio", ".3f"),
+    )
 
     def __init__(self, cfg: DataConfig, model: nn.Module, device: torch.device) -> None:
         from eqvit.data.shallow_water import CHANNELS, ShallowWaterConfig, ShallowWaterData
@@ -266,24 +296,6 @@ class ShallowWaterTask:
 
     def load_data_state(self, state: torch.Tensor) -> None:
         self.data.generator.set_state(state)
-
-    def summary(self, final: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
-        return {"beats_persistence_l2": final["rel_l2"] < baseline["rel_l2"]}
-
-    @staticmethod
-    def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-        lines = [f"{'':<22} {'rel L2':>9} {'rel L1':>9} {'L2':>9} {'L1':>9} {'polar ratio':>12}"]
-        for name, m in rows:
-            lines.append(
-                f"{name:<22} {m['rel_l2']:>9.4f} {m['rel_l1']:>9.4f} {m['l2']:>9.4f} {m['l1']:>9.4f} "
-                f"{m['polar_error_ratio']:>12.3f}"
-            )
-        return "\n".join(lines)
-
-    @staticmethod
-    def verdict(summary: dict[str, Any]) -> str:
-        word = "beats" if summary["beats_persistence_l2"] else "does NOT beat"
-        return f"{summary['model']} {word} persistence in relative L2."
 
     def write_plots(self, final: dict[str, Any], out: Path, name: str) -> list[str]:
         self.plot_error_map(final["error_map"], out / "error_map.png", f"{name}: mean |error| over validation")
@@ -550,7 +562,7 @@ def cifar10_data(cfg: DataConfig, model: nn.Module) -> ClassificationData:
     return ClassificationData(splits["train"], splits["test"], classes(root))
 
 
-class ClassificationTask:
+class ClassificationTask(MetricReport):
     """Classification of a registered dataset (``data.name``) with cross-entropy.
 
     Batches follow a seeded permutation per epoch (``data.seed``, the epoch), so the data stream is a
@@ -563,6 +575,8 @@ class ClassificationTask:
     monitor, monitor_mode = "accuracy", "max"
     loss_label, loss_log_scale = "train loss (cross-entropy)", False
     curve_label = "validation accuracy"
+    headline_label = "accuracy"
+    report_columns = (Column("accuracy", "accuracy", ".2f", 100.0, "%"), Column("val_loss", "val loss"))
 
     def __init__(self, cfg: DataConfig, model: nn.Module, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
@@ -632,21 +646,6 @@ class ClassificationTask:
         if model is not None and was_training:
             model.train()
         return classification_scores(torch.cat(logits_all), torch.cat(labels_all), len(self.classes))
-
-    def summary(self, final: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
-        return {"beats_majority_class": final["accuracy"] > baseline["accuracy"]}
-
-    @staticmethod
-    def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
-        lines = [f"{'':<22} {'accuracy':>9} {'val loss':>9}"]
-        for name, m in rows:
-            lines.append(f"{name:<22} {100 * m['accuracy']:>8.2f}% {m['val_loss']:>9.4f}")
-        return "\n".join(lines)
-
-    @staticmethod
-    def verdict(summary: dict[str, Any]) -> str:
-        word = "beats" if summary["beats_majority_class"] else "does NOT beat"
-        return f"{summary['model']} {word} the majority-class baseline in accuracy."
 
     def write_plots(self, final: dict[str, Any], out: Path, name: str) -> list[str]:
         from eqvit.train.metrics import plot_confusion
