@@ -304,3 +304,34 @@ def test_two_sigints_20_ms_apart_to_a_real_train_exit_130_with_the_checkpoint_na
     assert proc.returncode == 130, (seen + stderr)[-2000:]
     step = load_checkpoint(out / "last.safetensors")[1]["step"]
     assert f"the checkpoint of step {step} (the last completed) is in {out / 'last.safetensors'}" in stderr
+
+
+def test_a_stop_during_an_evaluation_resumes_with_that_evaluation(capsys, monkeypatch, tmp_path, cache_dir):
+    """Stopped inside the periodic evaluation of step 2: the checkpoint is step 2's, and the resumed run does that
+    evaluation first; its losses, weights and evaluations are the uninterrupted run's."""
+    from eqvit.train.tasks import ShallowWaterTask
+
+    config = write_config(tmp_path, cache_dir, eval_every=2)
+    engine.train(load_config(config), out_dir=tmp_path / "full", progress=False)
+    real_evaluate = ShallowWaterTask.evaluate
+    calls = {"n": 0}
+
+    def evaluate(self, model):
+        if model is not None:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real_evaluate(self, model)
+
+    out = tmp_path / "stopped"
+    with monkeypatch.context() as patch:
+        patch.setattr(ShallowWaterTask, "evaluate", evaluate)
+        code, err = cli(capsys, "train", config, "--out", out)
+    assert code == 143, err
+    assert "the checkpoint of step 2 (the last completed)" in err
+    code, err = cli(capsys, "train", config, "--out", out, "--resume")
+    assert code == 0, err
+    assert_bit_identical(tmp_path / "full", out)
+    evals = [json.loads((folder / "evals.json").read_text()) for folder in (tmp_path / "full", out)]
+    assert [row["step"] for row in evals[1]] == [2, 4, 6]
+    assert evals[0] == evals[1]

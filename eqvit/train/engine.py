@@ -516,7 +516,7 @@ class Trainer:
         self.progress = progress and self.dist.is_main
         self._lock: RunLock | None = None
         self._saved_at: int | None = None  # the step of the checkpoint last written or resumed from
-        self._step_start: tuple[int, dict[str, torch.Tensor]] | None = None  # (step, RNG states) as it began
+        self._clean_rng: tuple[int, dict[str, torch.Tensor]] | None = None  # see _mark_clean
         created = _missing_folders(self.out)
         if self.dist.is_main and write:  # a folder that cannot take the checkpoint is found now, not after training
             prepare_output_dir(self.out)
@@ -647,12 +647,22 @@ class Trainer:
     def _current_rng(self) -> dict[str, torch.Tensor]:
         return {"rng.torch": torch.get_rng_state(), "rng.data": self.task.data_state()}
 
+    def _mark_clean(self) -> None:
+        """Remember the RNG states here, a point a resumed run continues from: before a step, after it, after
+        its evaluation. A checkpoint written later at the same step count (a step or an evaluation that began
+        but did not complete, and already drew its batch, dropout or sampling noise) saves these."""
+        self._clean_rng = (self.step, self._current_rng())
+
     def _rng_tensors(self) -> dict[str, torch.Tensor]:
-        """The RNG states that continue the run from ``self.step``: those from before a step that began but did
-        not complete (it drew its batch and dropout noise already), else the current ones."""
-        if self._step_start is not None and self._step_start[0] == self.step:
-            return self._step_start[1]
+        """The RNG states that continue the run from ``self.step`` (:meth:`_mark_clean`)."""
+        if self._clean_rng is not None and self._clean_rng[0] == self.step:
+            return self._clean_rng[1]
         return self._current_rng()
+
+    def _evaluation_missed(self) -> bool:
+        """True for a run resumed from a checkpoint written between a step and its periodic evaluation."""
+        due = bool(self.eval_every) and self.step > 0 and self.step % self.eval_every == 0
+        return due and (not self.history.evals or self.history.evals[-1]["step"] != self.step)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -911,9 +921,12 @@ class Trainer:
         until = self.train_seconds + seconds
         self.model.train()
         with self._keeping_progress():
+            if self._evaluation_missed():
+                self._validate()
             while not self.done and self.train_seconds < until:
-                self._step_start = (self.step, self._current_rng())
+                self._mark_clean()
                 loss = self.train_step()
+                self._mark_clean()
                 self._running = loss if self._running is None else 0.9 * self._running + 0.1 * loss
                 if self.writer is not None:
                     self.writer.add_scalar("train/loss", loss, self.step)
@@ -928,6 +941,7 @@ class Trainer:
                     )
                 if self.eval_every and self.step % self.eval_every == 0:
                     self._validate()
+                    self._mark_clean()
                 if tcfg.checkpoint_every and self.step % tcfg.checkpoint_every == 0:
                     self.save()
         return self.done
