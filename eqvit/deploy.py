@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from eqvit.utils import require_extra
+from eqvit.utils import atomic_write, require_extra
 
 # The dynamo exporter's output agrees with eager PyTorch to float32 round-off; 1e-4 relative is the check.
 ONNX_TOLERANCE = 1e-4
@@ -83,9 +81,9 @@ def export_onnx(model: nn.Module, path: str | Path, tolerance: float = ONNX_TOLE
     model = model.eval()
     path = Path(path)
     inputs = example_inputs(model, EXAMPLE_BATCH)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".onnx", dir=path.parent if path.parent else None)
-    os.close(fd)
-    try:
+    errors = []
+
+    def write(tmp: str) -> None:
         # one self-contained file (the weights inside, no external data file beside it)
         with _quiet_onnx_ir():
             torch.onnx.export(
@@ -109,11 +107,11 @@ def export_onnx(model: nn.Module, path: str | Path, tolerance: float = ONNX_TOLE
                 f"the ONNX export of {type(model).__name__} differs from eager PyTorch in onnxruntime by {err:.2e} "
                 f"(relative, batch {CHECK_BATCH}; tolerance {tolerance:.0e}): nothing was written to {path}"
             )
-        os.replace(tmp, path)
-        return err
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        errors.append(err)
+
+    # verified in a temporary of its own, then renamed, with the umask's mode (not mkstemp's 0600)
+    atomic_write(path, write)
+    return errors[0]
 
 
 def require_onnx() -> None:

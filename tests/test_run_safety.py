@@ -328,3 +328,15 @@ def test_eval_json_of_a_diverged_model_is_valid_json_with_a_warning(capsys, tiny
     metrics = json.loads(out.read_text())  # valid JSON: no NaN
     assert metrics["metrics"]["rel_l2"] is None
     assert metrics["persistence"]["rel_l2"] > 0
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".onnx"])
+def test_exports_get_the_umask_mode(capsys, tmp_path, run, suffix):
+    previous = os.umask(0o002)
+    try:
+        code, err = cli(capsys, "export", run / "last.safetensors", tmp_path / f"model{suffix}")
+    finally:
+        os.umask(previous)
+    assert code == 0, err
+    assert (tmp_path / f"model{suffix}").stat().st_mode & 0o777 == 0o664
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"model{suffix}"]
