@@ -7,6 +7,8 @@ comma := ,
 # The escnn oracle extra needs a Fortran compiler (py3nj); install it only where one exists.
 EXTRAS := dev,data,qm9,gen,scanobjectnn,onnx$(if $(shell command -v gfortran 2>/dev/null),$(comma)oracle)
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+# The suite runs in this many processes (pytest-xdist); one per core of the 2-core reference machine.
+TEST_WORKERS ?= 2
 
 .PHONY: run test install clean
 
@@ -23,7 +25,7 @@ run: $(STAMP)
 	$(PY) -m eqvit train configs/so3vit_swe_demo.yaml --overwrite
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

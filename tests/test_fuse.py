@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from randomise import randomise_
-from test_models import TEST_MODELS, build, call, random_input
+from helpers import TEST_MODELS, build, call, random_input, randomise_
 
 import eqvit
 from eqvit.testing import EquivarianceError, assert_equivariant

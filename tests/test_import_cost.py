@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 # Loaded only when first used: torch-harmonics (S2Transformer, shallow-water data and metrics)
 # and what it pulls in, plotting, and the other optional extras.

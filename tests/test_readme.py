@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from helpers import ROOT
+
+README = ROOT / "README.md"
 
 
 def test_the_readme_examples_run(tmp_path, monkeypatch):

@@ -572,7 +572,7 @@ def image_schedule(ratio: float, quick: bool) -> tuple[int, int | None]:
 
 
 def run_images(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
-    from concurrent.futures import ProcessPoolExecutor
+    from eqvit.bench._pool import process_pool
 
     datasets = ["rotated_mnist"] + (["folder"] if args.image_folder else [])
     ratios = [0.1] if args.quick else [0.1, 1.0]
@@ -595,7 +595,7 @@ def run_images(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
                             image_folder=str(args.image_folder) if args.image_folder else None,
                         )  # fmt: skip
     # Small models train faster as separate one-thread processes than as one two-thread process.
-    with ProcessPoolExecutor(args.jobs) as pool:
+    with process_pool(args.jobs) as pool:
         for key, row in zip(cells, pool.map(train_image_cell, cells.values())):
             store.put(key, row)
             print(
@@ -721,7 +721,7 @@ def train_attention_cell(cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_attention(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
-    from concurrent.futures import ProcessPoolExecutor
+    from eqvit.bench._pool import process_pool
 
     datasets = ["rotated_mnist"] + (["folder"] if args.image_folder else [])
     ratios = [0.1] if args.quick else [0.1, 1.0]
@@ -747,7 +747,7 @@ def run_attention(args: argparse.Namespace, store: CellStore) -> dict[str, Any]:
                                 img_size=args.img_size, patch_size=args.patch_size, device=args.device,
                                 out=str(store.folder / "runs" / key),
                             )  # fmt: skip
-    with ProcessPoolExecutor(args.jobs) as pool:
+    with process_pool(args.jobs) as pool:
         for key, row in zip(cells, pool.map(train_attention_cell, cells.values())):
             store.put(key, row)
             print(

@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -54,6 +53,7 @@ import torch
 
 import eqvit
 from eqvit.bench._paths import results_dir
+from eqvit.bench._pool import process_pool
 from eqvit.data.images import rotated_mnist
 from eqvit.geometry import HexPatchGrid
 from eqvit.nn.tokenizers.hexagonal import SquareToHex
@@ -254,7 +254,7 @@ def run_all(specs: list[dict], jobs: int, runs: list[dict], save) -> None:
     if jobs == 1:
         results = map(train_run, specs)
     else:
-        pool = ProcessPoolExecutor(jobs)
+        pool = process_pool(jobs)
         results = pool.map(train_run, specs)
     for result in results:
         runs.append(result)

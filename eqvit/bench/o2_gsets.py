@@ -29,12 +29,12 @@ import os
 import platform
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
 from eqvit.bench._paths import results_dir
+from eqvit.bench._pool import process_pool
 
 GSETS = {
     "D4": lambda n: [("regular", n)],
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     ]  # fmt: skip
     wall = time.perf_counter()
     rows = []
-    with ProcessPoolExecutor(args.jobs) as pool:
+    with process_pool(args.jobs) as pool:
         for row in pool.map(train_run, specs):
             rows.append(row)
             print(

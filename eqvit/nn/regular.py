@@ -464,7 +464,7 @@ class RegularLayerScale(nn.Module):
     """LayerScale with one gamma per channel, ``[C]``, shared by all frames.
 
     A gamma of shape ``[|G| * C]`` (one per frame and channel) would scale frames differently and
-    break equivariance; ``tests/test_platonic.py`` checks that it does.
+    break equivariance; ``tests/models/test_platonic.py`` checks that it does.
     """
 
     def __init__(self, group: FiniteGroup, channels: int, init_values: float = 1e-5) -> None:

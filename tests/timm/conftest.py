@@ -11,6 +11,8 @@ This file keeps the tests that are parametrised over the model list; the rest of
 timm architectures (``convnext_atto``, ``swin_*``, ...) and is deselected here.
 """
 
+from pathlib import Path
+
 MODEL_LIST_TESTS = {
     "test_model_forward",
     "test_model_backward",
@@ -25,9 +27,33 @@ MODEL_LIST_TESTS = {
 }
 
 
+def _dropped(item) -> bool:
+    """A test of timm's file that is not parametrised over the model list (only items of this folder)."""
+    here = Path(__file__).parent
+    return item.path.is_relative_to(here) and getattr(item, "originalname", item.name) not in MODEL_LIST_TESTS
+
+
 def pytest_collection_modifyitems(config, items):
-    keep = [item for item in items if getattr(item, "originalname", item.name) in MODEL_LIST_TESTS]
-    dropped = [item for item in items if getattr(item, "originalname", item.name) not in MODEL_LIST_TESTS]
+    # The hook sees the whole session's items: deselect only timm's own, never the project's.
+    dropped = [item for item in items if _dropped(item)]
+    keep = [item for item in items if not _dropped(item)]
     items[:] = keep
     if dropped:
         config.hook.pytest_deselected(items=dropped)
+
+
+def pytest_configure(config):
+    # The marks timm's file uses (timm's CI selects by them); `timeout` is pytest-timeout's.
+    for mark in (
+        "base",
+        "cfg",
+        "cfg_nonstd",
+        "features",
+        "forward",
+        "backward",
+        "fxforward",
+        "fxbackward",
+        "torchscript",
+        "timeout",
+    ):
+        config.addinivalue_line("markers", f"{mark}: a mark of timm's own test file")
