@@ -5,7 +5,7 @@
 """
 
 from eqvit import deploy, groups
-from eqvit.fuse import fuse
+from eqvit.folding import fold
 from eqvit.models import EquivariantViT, create_model, list_models, register_model
 from eqvit.models.restrict import restrict
 
@@ -16,7 +16,7 @@ __all__ = [
     "__version__",
     "create_model",
     "deploy",
-    "fuse",
+    "fold",
     "groups",
     "list_models",
     "register_model",

@@ -91,7 +91,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _export_onnx(checkpoint: str, out: str, overwrite: bool) -> int:
-    """The checkpoint's model, folded for inference (``eqvit.fuse``), as an ONNX file with a free batch size,
+    """The checkpoint's model, folded for inference (``eqvit.fold``), as an ONNX file with a free batch size,
     verified in onnxruntime against eager PyTorch."""
     import eqvit
     from eqvit.deploy import export_onnx, require_onnx
@@ -104,7 +104,7 @@ def _export_onnx(checkpoint: str, out: str, overwrite: bool) -> int:
         raise ValueError(f"checkpoint {checkpoint} records no model name (config.model.name) to build its model from")
     check_export_target(checkpoint, out, overwrite)
     model = eqvit.create_model(config["name"], checkpoint_path=checkpoint, **(config.get("kwargs") or {}))
-    err = export_onnx(eqvit.fuse(model), out)
+    err = export_onnx(eqvit.fold(model), out)
     print(f"wrote {out} ({config['name']}, batch size free; onnxruntime matches PyTorch to {err:.1e} relative)")
     return 0
 

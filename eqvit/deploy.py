@@ -1,12 +1,12 @@
 """Deployment: ``torch.export`` with a free batch size, and ONNX through PyTorch's dynamo exporter.
 
-Every registered family exports in both forms (the training form and ``eqvit.fuse``'s inference form):
+Every registered family exports in both forms (the training form and ``eqvit.fold``'s inference form):
 the models are standard PyTorch ops with no Python control flow on the batch size. The ONNX file is
 checked in onnxruntime against eager PyTorch before it is kept (``onnx`` extra: onnx, onnxscript,
 onnxruntime).
 
     program = eqvit.deploy.export_program(model)              # torch.export.ExportedProgram
-    eqvit.deploy.export_onnx(eqvit.fuse(model), "model.onnx")  # verified in onnxruntime
+    eqvit.deploy.export_onnx(eqvit.fold(model), "model.onnx")  # verified in onnxruntime
 """
 
 from __future__ import annotations

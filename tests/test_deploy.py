@@ -1,4 +1,4 @@
-"""Deployment of every family, training form and inference form (eqvit.fuse): torch.export with a free batch
+"""Deployment of every family, training form and inference form (eqvit.fold): torch.export with a free batch
 size, and ONNX through the dynamo exporter, run in onnxruntime."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ FAMILIES = [
     "so3vit_tiny",
     "platonic_qm9_tiny",
 ]
-FORMS = ["train", "fused"]
+FORMS = ["train", "folded"]
 
 
 def build(name: str, form: str) -> torch.nn.Module:
     torch.manual_seed(0)
     model = randomise_(eqvit.create_model(name)).eval()
-    return eqvit.fuse(model) if form == "fused" else model
+    return eqvit.fold(model) if form == "folded" else model
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -55,5 +55,5 @@ def test_onnx_export_refuses_a_mismatch_and_writes_nothing(tmp_path):
     """The check can fail: a tolerance below float32 round-off refuses the file."""
     path = tmp_path / "m.onnx"
     with pytest.raises(ValueError, match="differs from eager PyTorch in onnxruntime"):
-        export_onnx(build("platonic_points_tiny", "fused"), path, tolerance=0.0)
+        export_onnx(build("platonic_points_tiny", "folded"), path, tolerance=0.0)
     assert not path.exists() and not list(tmp_path.iterdir())

@@ -24,7 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "device": "the device and the flash-attention SDPA check as JSON (benchmarks/_device.py)",
     "dip_qm9": "DiP molecule generation on QM9 at equal CPU time: trivial vs T (and O) frames, EDM/RDKit metrics",
     "export": "torch.export and ONNX (onnxruntime) of one model per family, training and inference form",
-    "fuse_agreement": "eqvit.fuse against the training form for every registered model (float64)",
+    "fold_agreement": "eqvit.fold against the training form for every registered model (float64)",
     "groups_timing": "cold construction time of the Platonic groups",
     "import_time": "start-up cost of `import eqvit` and `eqvit list` against `import torch, timm`",
     "o2_data_efficiency": "data efficiency of O(2)-subgroup ViTs on rotated MNIST or an image folder (--image-folder)",

@@ -5,7 +5,7 @@ family's first registered name) and each form:
 
 * ``train``: the training form, one forward + backward of a weighted sum of the output (``eval()``, so
   dropout and drop-path are off and eager and compiled compute the same function; gradients on);
-* ``fused``: ``eqvit.fuse(model)``, one forward under ``no_grad``.
+* ``folded``: ``eqvit.fold(model)``, one forward under ``no_grad``.
 
 the table gives the graph breaks ``torch._dynamo.explain`` counts, the first compiled call (tracing and
 Inductor's code generation, with Inductor's on-disk caches off so that it is the cold cost), the median of
@@ -19,7 +19,7 @@ Usage::
     python benchmarks/compile.py                       # every family, both forms, batch 2, 1 thread
     python benchmarks/compile.py --names o2vit_d4_small_patch16_224 vit_small_patch16_224 --forms train --batch 8
 
-A name that is not eqvit's but timm's builds timm's model (a baseline row; its "fused" form is itself).
+A name that is not eqvit's but timm's builds timm's model (a baseline row; its "folded" form is itself).
 
 Writes ``benchmarks/results/compile.json`` (``--out``) and prints a table.
 """
@@ -43,7 +43,7 @@ from eqvit.bench._paths import display_path, results_dir
 from eqvit.bench.scale_speed import interleaved
 
 DEFAULT_OUT = results_dir() / "compile.json"
-FORMS = ("train", "fused")
+FORMS = ("train", "folded")
 
 
 def family_models() -> list[str]:
@@ -68,7 +68,7 @@ def _inputs(model: nn.Module, batch: int) -> tuple[torch.Tensor, ...]:
 
 def _callables(model: nn.Module, form: str, x: tuple[torch.Tensor, ...]) -> Callable[[nn.Module], torch.Tensor]:
     """``run(module) -> output``: one training-form forward + backward, or one no-grad forward."""
-    if form == "fused":
+    if form == "folded":
 
         def forward(module: nn.Module) -> torch.Tensor:
             with torch.no_grad():
@@ -100,8 +100,8 @@ def _build(name: str) -> nn.Module:
 def measure(name: str, form: str, batch: int, rounds: int, backend: str) -> dict:
     """One row of the table (see the module docstring)."""
     model = _build(name).eval()
-    if form == "fused":
-        model = eqvit.fuse(model)
+    if form == "folded":
+        model = eqvit.fold(model)
     x = _inputs(model, batch)
     run = _callables(model, form, x)
     load = [os.getloadavg()[0]]

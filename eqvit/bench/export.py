@@ -1,7 +1,7 @@
 """Deployment of one model per family: ``torch.export`` with a free batch size and ONNX in onnxruntime.
 
 For each family's tiny model (o2vit square and hexagonal, Platonic image and points, SO3ViT, the QM9
-regressor) in both forms (the training form and ``eqvit.fuse``'s inference form), in float32 and
+regressor) in both forms (the training form and ``eqvit.fold``'s inference form), in float32 and
 ``eval()``:
 
 * ``export``: :func:`eqvit.deploy.export_program` at batch 2, run at batch 3, against eager PyTorch;
@@ -40,15 +40,15 @@ FAMILIES = (
     "so3vit_tiny",
     "platonic_qm9_tiny",
 )
-FORMS = ("train", "fused")
+FORMS = ("train", "folded")
 
 
 def deploy_row(name: str, form: str, seed: int = 0) -> dict:
     """One model in one form: the export and ONNX errors against eager PyTorch, and their times."""
     torch.manual_seed(seed)
     model = randomise_parameters_(eqvit.create_model(name), seed).eval()  # noised: a zero head agrees trivially
-    if form == "fused":
-        model = eqvit.fuse(model)
+    if form == "folded":
+        model = eqvit.fold(model)
     check = example_inputs(model, CHECK_BATCH, seed=1)
     row: dict = dict(model=name, form=form)
     start = time.perf_counter()

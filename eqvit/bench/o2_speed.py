@@ -14,7 +14,7 @@ medians are reported with the load average.
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add; matmuls,
 convolutions and attention; elementwise ops are not counted) for the timed inference forward and,
 separately, for the training form's forward (which also derives its dense weights). The eqvit
-models are timed in their inference form, ``eqvit.fuse(model)``: dense weights, patch filters, APE
+models are timed in their inference form, ``eqvit.fold(model)``: dense weights, patch filters, APE
 and the norms' reflection folded once. Writes JSON and prints a table.
 
 Runs on CUDA when present (``--device`` chooses; ``--amp`` for bf16 autocast). On CUDA the timed
@@ -82,9 +82,9 @@ def describe(name: str, model: torch.nn.Module) -> dict:
 
 def flops(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
     """``(FLOPs of the inference forward, FLOPs of the training form's forward)``: the training form
-    derives its dense weights on every call, the fused form (``eqvit.fuse``) once."""
+    derives its dense weights on every call, the folded form (``eqvit.fold``) once."""
     counts = []
-    for m in (model.eval() if isinstance(model, timm.models.VisionTransformer) else eqvit.fuse(model), model):
+    for m in (model.eval() if isinstance(model, timm.models.VisionTransformer) else eqvit.fold(model), model):
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             m(x)
         counts.append(int(counter.get_total_flops()))
@@ -164,7 +164,7 @@ def main() -> None:
                 raise RuntimeError(f"models differ in {key}: {shapes}")
         params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
         training_forms = models
-        models = {name: m.eval() if name == "timm_vit" else eqvit.fuse(m) for name, m in models.items()}
+        models = {name: m.eval() if name == "timm_vit" else eqvit.fold(m) for name, m in models.items()}
         flash = {}
         if device.type == "cuda":
             x1 = torch.randn(1, 3, 256, 256, device=device)
@@ -234,7 +234,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "note": (
             "interleaved timing; ratio = median o2vit time / median timm time; FLOPs = 2 x multiply-adds of a "
-            "fused inference forward (gflops_training_form: the training form, which derives its weights per call)"
+            "folded inference forward (gflops_training_form: the training form, which derives its weights per call)"
         ),
     }
     if device.type == "cuda":

@@ -18,7 +18,7 @@ token (ours has none):
   :class:`~eqvit.nn.tokenizers.icosphere.IcosphereUnpatchify`.
 
 Forward time: float32, CPU, ``eval()``, ``torch.no_grad``, the Platonic model in its inference form
-(``eqvit.fuse``), batch 1 and 16; the two models of a
+(``eqvit.fold``), batch 1 and 16; the two models of a
 pair run alternately inside one loop (order swapped every round; at least ``--repeats`` rounds and
 enough to fill ``--min-seconds`` per pair, so millisecond cases get hundreds), and the table gives the median
 of each and the median of the per-round ratios ours / timm (issue target <= 1.15), with the load
@@ -210,7 +210,7 @@ def set_fused(model: nn.Module, fused: bool) -> None:
     for m in model.modules():
         if hasattr(m, "fused_attn") and not isinstance(m, (Block,)):  # timm Attention
             m.fused_attn = fused
-        if isinstance(m, ScaledDotProductAttention):  # every eqvit attention, training or fused form
+        if isinstance(m, ScaledDotProductAttention):  # every eqvit attention, training or folded form
             m.fused = fused
 
 
@@ -286,7 +286,7 @@ def compare(
     min_seconds: float = 0.0,
 ) -> dict[str, Any]:
     trained, inputs = _on_device(ours.eval(), inputs)
-    ours = eqvit.fuse(trained)  # the inference form: group-convolution weights and affines folded once
+    ours = eqvit.fold(trained)  # the inference form: group-convolution weights and affines folded once
     ref = ref.to(DEVICE).eval()
     checks = {}
     if DEVICE.type == "cuda":

@@ -172,17 +172,17 @@ def _so3vit_vs_s2(d: dict) -> Lines:
         dict(
             ratio=f"{h['candidate']} / {h['reference']} speed-up",
             training=h["speedup_paired_median"],
-            inference=h["fused_speedup_paired_median"],
+            inference=h["folded_speedup_paired_median"],
         ),
         dict(
             ratio=f"{h['candidate']} over the bare timm blocks",
             training=h["over_bare_paired_median"],
-            inference=h["fused_over_bare_paired_median"],
+            inference=h["folded_over_bare_paired_median"],
         ),
         dict(
             ratio="SO(3)-RoPE over no RoPE",
             training=h["rope_overhead_paired_median"],
-            inference=h["fused_rope_overhead_paired_median"],
+            inference=h["folded_rope_overhead_paired_median"],
         ),
     ]
     columns = [("paired median ratio", "ratio"), ("training form", "training"), ("inference form", "inference")]
@@ -224,7 +224,7 @@ def _compile(d: dict) -> Lines:
     return table(d["rows"], cols)
 
 
-def _fuse_agreement(d: dict) -> Lines:
+def _fold_agreement(d: dict) -> Lines:
     cols = [("model", "model"), ("dtype", "dtype"), ("relative error", "relative_error")]
     return table(d["rows"], cols)
 
@@ -411,7 +411,7 @@ SECTIONS = (
         "ViT-S/B scale: timm, the D4 models, octic-vits",
         "scale_speed.json",
         "python benchmarks/scale_speed.py --sizes small base --batches 1 8 --threads 1 --rounds 5 --train-rounds 3",
-        "Inference (eqvit.fuse) and training step (forward, backward, AdamW; batch 8; training form) as ratios "
+        "Inference (eqvit.fold) and training step (forward, backward, AdamW; batch 8; training form) as ratios "
         "to timm's vit_small/base_patch16_224 in interleaved rounds; training memory is the whole iteration's "
         "peak of tensor memory.",
         _scale_speed,
@@ -446,10 +446,10 @@ SECTIONS = (
     ),
     Section(
         "Inference form agreement",
-        "fuse_agreement.json",
-        "python benchmarks/fuse_agreement.py",
-        "eqvit.fuse(model) against the training form, every registered model.",
-        _fuse_agreement,
+        "fold_agreement.json",
+        "python benchmarks/fold_agreement.py",
+        "eqvit.fold(model) against the training form, every registered model.",
+        _fold_agreement,
     ),
     Section(
         "O(2) equivariance and restriction",

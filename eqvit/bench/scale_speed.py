@@ -5,8 +5,8 @@ MLP ratio 4, 1000 classes, float32:
 
 * ``timm``: ``timm.create_model("vit_small_patch16_224")`` / ``"vit_base_patch16_224"`` (the reference);
 * ``eqvit_d4``: ``o2vit_d4_{small,base}_patch16_224`` (D4, components layout: Schur block matmuls),
-  timed in its inference form ``eqvit.fuse(model)``;
-* ``platonic_d4``: ``platonic_d4_{small,base}_patch16_224`` (D4 frames), fused likewise;
+  timed in its inference form ``eqvit.fold(model)``;
+* ``platonic_d4``: ``platonic_d4_{small,base}_patch16_224`` (D4 frames), folded likewise;
 * ``octic``: octic-vits' ``OcticVisionTransformer`` (Apache-2.0, loaded at run time from
   ``$EQVIT_PEERS/octic_vits``, ``../shared/peers/octic_vits`` beside the checkout, or ``--octic PATH``;
   never copied), all 12 blocks octic and the power-spectrum invariant head. Its constructor cannot build
@@ -31,7 +31,7 @@ and AdamW state, which live across steps, plus the peak of forward, backward and
 
 Usage: ``python benchmarks/scale_speed.py [--sizes small base] [--batches 1 8] [--threads 1 2]
 [--rounds N] [--models eqvit_d4 platonic_d4 octic] [--profile] [--quick]`` (``--models``: the rows timed
-beside timm; ``--profile``: the top operators by self time of the fused D4 forward at each batch, 1
+beside timm; ``--profile``: the top operators by self time of the folded D4 forward at each batch, 1
 thread); ``--quick`` is a smoke run (depth 2, 64^2 images, batch 1, 1 thread, 2 rounds) for CI.
 Writes ``benchmarks/results/scale_speed.json`` (``--out``) and prints a table.
 """
@@ -114,7 +114,7 @@ def build(name: str, size: str, depth: int, img_size: int, octic_pkg) -> tuple[n
         return model, model
     family = {"eqvit_d4": "o2vit_d4", "platonic_d4": "platonic_d4"}[name]
     model = eqvit.create_model(f"{family}_{size}_patch16_224", **over)
-    return model, eqvit.fuse(model)
+    return model, eqvit.fold(model)
 
 
 # ----------------------------------------------------------------------------------------- measures
@@ -322,7 +322,7 @@ def table(result: dict) -> str:
                 )
             )
         for label, rows in r.get("profiles", {}).items():
-            lines.append(f"\nprofile, fused {label}, 1 thread (self ms per forward, share):")
+            lines.append(f"\nprofile, folded {label}, 1 thread (self ms per forward, share):")
             lines += [
                 f"  {row['op'][:58]:58s} {row['calls']:5d} calls {row['self_ms']:8.2f} ms {row['share']:6.1%}"
                 for row in rows
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-rounds", type=int, default=3)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--no-train", action="store_true", help="skip the training step")
-    parser.add_argument("--profile", action="store_true", help="top operators of the fused eqvit_d4 forward")
+    parser.add_argument("--profile", action="store_true", help="top operators of the folded eqvit_d4 forward")
     parser.add_argument(
         "--models", nargs="+", default=list(MODELS[1:]), choices=MODELS[1:], help="rows beside timm (always timed)"
     )

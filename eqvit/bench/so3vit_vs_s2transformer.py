@@ -17,8 +17,8 @@ plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"
   it is everything SO3ViT adds to plain attention blocks (latitude encoding, lifting, SO(3)-RoPE,
   final norm, unpatchify); the S2Transformer over it bounds the speed-up any ViT on these tokens
   can reach on this machine. ``--batches 1 4`` times every model at each batch size.
-* The candidate's inference form, ``eqvit.fuse(candidate)`` (``name[fused]``; ``--no-fused`` skips it),
-  timed with the others: every layer's weights derived once (each layer's ``fold()``). The ``fused_*``
+* The candidate's inference form, ``eqvit.fold(candidate)`` (``name[folded]``; ``--no-folded`` skips it),
+  timed with the others: every layer's weights derived once (each layer's ``fold()``). The ``folded_*``
   ratios are those of the inference form.
 * ``--profile``: the candidate's forward split into its stages (latitude encoding, lifting, the
   blocks with and without SO(3)-RoPE, the Wigner rotation alone, final norm + unpatchify), timed
@@ -75,7 +75,7 @@ DEFAULT_MODELS = [
 DEFAULT_OUT = results_dir() / "so3vit_vs_s2transformer.json"
 TARGETS = {"speedup": 8.0, "memory_ratio": 3.0, "rope_overhead": 1.05, "over_bare": 1.05}
 NOROPE = "[posenc=none]"  # suffix of the candidate's variant without SO(3)-RoPE
-FUSED = "[fused]"  # suffix of a model's inference form, eqvit.fuse(model)
+FOLDED = "[folded]"  # suffix of a model's inference form, eqvit.fold(model)
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,11 +108,11 @@ def bare_spec(model: torch.nn.Module) -> str:
 
 def build(spec: str) -> torch.nn.Module:
     """A registered model name, optionally with the ``[posenc=none]`` suffix or JSON kwargs ``name{...}``,
-    then optionally ``[fused]`` (its inference form); or a bare-block spec ``timm_blocks:4x128,4h,960t``."""
-    from eqvit import fuse, models
+    then optionally ``[folded]`` (its inference form); or a bare-block spec ``timm_blocks:4x128,4h,960t``."""
+    from eqvit import fold, models
 
-    if spec.endswith(FUSED):
-        return fuse(build(spec[: -len(FUSED)]))
+    if spec.endswith(FOLDED):
+        return fold(build(spec[: -len(FOLDED)]))
     if spec.startswith(BARE):
         match = re.fullmatch(r"(\d+)x(\d+),(\d+)h,(\d+)t", spec[len(BARE) :])
         if match is None:
@@ -326,19 +326,19 @@ def _ratio(
 
 
 def ratios(
-    raw: dict, reference: str, candidate: str | None, norope: str | None, bare: str | None, fused: str | None = None
+    raw: dict, reference: str, candidate: str | None, norope: str | None, bare: str | None, folded: str | None = None
 ) -> dict[str, Any]:
     """The headline ratios at one batch size: speed-ups over the reference, overheads over the limits,
-    for the candidate's training form and (``fused_*``) its inference form."""
+    for the candidate's training form and (``folded_*``) its inference form."""
     out: dict[str, Any] = {"forward_ms_median": {s: statistics.median(t["ms"] for t in v) for s, v in raw.items()}}
     for key, (a, b) in {
         "speedup": (reference, candidate),
         "bare_speedup": (reference, bare),
         "over_bare": (candidate, bare),
         "rope_overhead": (candidate, norope),
-        "fused_speedup": (reference, fused),
-        "fused_over_bare": (fused, bare),
-        "fused_rope_overhead": (fused, norope),
+        "folded_speedup": (reference, folded),
+        "folded_over_bare": (folded, bare),
+        "folded_rope_overhead": (folded, norope),
     }.items():
         r = _ratio(raw, a, b)
         if r is not None:
@@ -395,13 +395,13 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
     rotation of queries and keys alone (all blocks), in place on a qkv tensor as attention runs it;
     ``head`` the final norm and the unpatchify. The ``wigner_*`` stages time other forms of the same
     rotation on the same poses (:func:`rotation_variants`), the evidence for what the rotation can cost.
-    ``forward_fused``, ``lifting_fused`` and ``head_fused`` are the inference form's (:func:`eqvit.fuse`).
+    ``forward_folded``, ``lifting_folded`` and ``head_folded`` are the inference form's (:func:`eqvit.fold`).
     """
-    from eqvit import fuse
+    from eqvit import fold
 
     torch.manual_seed(0)
     model = build(spec).to(device).eval()
-    fused = fuse(model)
+    folded = fold(model)
     x = example_input(model, batch, device)
     with torch.no_grad():
         encoded = model.input_encoding(x)
@@ -426,14 +426,14 @@ def profile_stages(spec: str, device: torch.device, batch: int, repeats: int, wa
 
     stages = {
         "forward": lambda: model(x),
-        "forward_fused": lambda: fused(x),
+        "forward_folded": lambda: folded(x),
         "latitude_encoding": lambda: model.input_encoding(x),
         "lifting": lambda: model.embed_tokens(encoded),
         "blocks": lambda: blocks(rope),
         "blocks_no_rope": lambda: blocks(None),
         "head": lambda: model.head(model.norm(tokens)),
-        "lifting_fused": lambda: fused.embed_tokens(encoded),
-        "head_fused": lambda: fused.head(fused.norm(tokens)),
+        "lifting_folded": lambda: folded.embed_tokens(encoded),
+        "head_folded": lambda: folded.head(folded.norm(tokens)),
     }
     if rope is not None and rope.pi is not None:
         stages["wigner"] = per_block(lambda t: rope.rotate_qk_stacked_(t[:, :, :2], 0))
@@ -508,13 +508,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reference = pick(args.models, args.reference, "s2transformer") or args.models[0]
     candidate = pick(args.models, args.candidate, "so3vit")
     specs = list(args.models)
-    norope = bare = fused = None
+    norope = bare = folded = None
     if candidate is not None:
         built = models.create_model(candidate)
         cfg = getattr(built, "config", {})
-        if not args.no_fused:
-            fused = candidate + FUSED
-            specs.append(fused)
+        if not args.no_folded:
+            folded = candidate + FOLDED
+            specs.append(folded)
         if cfg.get("posenc") == "so3rope":
             norope = candidate + NOROPE
             specs.append(norope)
@@ -569,11 +569,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     headline: dict[str, Any] = {
         "reference": reference,
         "candidate": candidate,
-        "fused": fused,
+        "folded": folded,
         "bare": bare,
         "targets": TARGETS,
     }
-    per_batch = {b: ratios(t["raw"], reference, candidate, norope, bare, fused) for b, t in timings.items()}
+    per_batch = {b: ratios(t["raw"], reference, candidate, norope, bare, folded) for b, t in timings.items()}
     headline.update(per_batch[args.batches[0]])
     if candidate is not None:
         cand_mem = memory.get(candidate, {}).get("peak_mb")
@@ -634,7 +634,7 @@ def print_report(result: dict[str, Any]) -> None:
             f"{c} training-memory ratio vs {ref}: {fmt_ratio(head['memory_ratio'])} "
             f"(target >= {t['memory_ratio']:.0f}x)"
         )
-    # The 1.05x targets hold for the inference form (what eqvit.fuse deploys); the training form keeps
+    # The 1.05x targets hold for the inference form (what eqvit.fold deploys); the training form keeps
     # plain PyTorch ops for autograd (DESIGN.md), so its figures are printed beside them, without a target.
     for key, label in (
         ("rope_overhead", "SO(3)-RoPE overhead (so3rope / none)"),
@@ -644,10 +644,10 @@ def print_report(result: dict[str, Any]) -> None:
             continue
         training = f"training form {fmt_ratio(head[key])} (paired {fmt_ratio(head[key + '_paired_median'])})"
         inference = ""
-        if "fused_" + key in head:
+        if "folded_" + key in head:
             inference = (
-                f"; inference form {fmt_ratio(head['fused_' + key])} "
-                f"(paired {fmt_ratio(head['fused_' + key + '_paired_median'])}; target <= {t[key]}x)"
+                f"; inference form {fmt_ratio(head['folded_' + key])} "
+                f"(paired {fmt_ratio(head['folded_' + key + '_paired_median'])}; target <= {t[key]}x)"
             )
         print(f"{head['candidate']} {label}: {training}{inference}")
     for b, h in head.get("batches", {}).items():
@@ -657,9 +657,9 @@ def print_report(result: dict[str, Any]) -> None:
             ("bare_speedup", f"bare blocks / {ref} speed-up"),
             ("over_bare", f"{head['candidate']} over the bare blocks"),
             ("rope_overhead", "SO(3)-RoPE over none"),
-            ("fused_speedup", f"{head.get('fused')} / {ref} speed-up"),
-            ("fused_over_bare", f"{head.get('fused')} over the bare blocks"),
-            ("fused_rope_overhead", f"{head.get('fused')} over none"),
+            ("folded_speedup", f"{head.get('folded')} / {ref} speed-up"),
+            ("folded_over_bare", f"{head.get('folded')} over the bare blocks"),
+            ("folded_rope_overhead", f"{head.get('folded')} over none"),
         ):
             if key in h:
                 ci = h.get(key + "_paired_ci90")
@@ -710,7 +710,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidate", default=None, help="headline model (default: first so3vit*)")
     p.add_argument("--no-memory", action="store_true", help="skip the training-memory measurement")
     p.add_argument("--no-bare", action="store_true", help="skip the bare timm-block stack (the no-overhead limit)")
-    p.add_argument("--no-fused", action="store_true", help="skip the candidate's inference form (eqvit.fuse)")
+    p.add_argument("--no-folded", action="store_true", help="skip the candidate's inference form (eqvit.fold)")
     p.add_argument("--batches", type=int, nargs="+", default=[1], help="forward batch sizes (default 1)")
     p.add_argument("--profile", action="store_true", help="also time the candidate's forward stage by stage")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")

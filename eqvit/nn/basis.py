@@ -59,7 +59,7 @@ class HeadBasis(ExactBuffers):
 
 
 class NoRotary(torch.nn.Module):
-    """No rotary scheme: the fused ``qkv [B, N, 3 dim]`` passes unchanged (a ValueError if one is given)."""
+    """No rotary scheme: the stacked ``qkv [B, N, 3 dim]`` passes unchanged (a ValueError if one is given)."""
 
     def forward(self, qkv: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
         if rope is not None:
@@ -163,7 +163,7 @@ class AttentionInBasis(ExactBuffers):
         from eqvit.nn.folded import FoldedIrrepAttention
 
         a = self.to_inner
-        qkv_w, qkv_b, proj_w, proj_b = self.inner.fused_weights()
+        qkv_w, qkv_b, proj_w, proj_b = self.inner.stacked_weights()
         weights = (qkv_w @ a.T, qkv_b, a.to(proj_w.dtype) @ proj_w, None if proj_b is None else a @ proj_b)
         return FoldedIrrepAttention(self.inner, weights, in_type=self.in_type)
 

@@ -1,7 +1,7 @@
 """Geometry buffers kept exact under dtype changes (float64 masters).
 
 Nothing here caches tensors derived from parameters: the training forward derives them on every
-call, and :func:`eqvit.fuse` computes them once for inference.
+call, and :func:`eqvit.fold` computes them once for inference.
 """
 
 from __future__ import annotations

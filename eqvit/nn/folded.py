@@ -1,7 +1,7 @@
 """Folded layers: what a training layer derives from its parameters on every call, computed once.
 
 Each training layer that can be re-parameterised for inference has a ``fold()`` method returning one of
-these modules (timm's ``reparameterize_model`` idiom); :func:`eqvit.fuse` only walks a model and calls it.
+these modules (timm's ``reparameterize_model`` idiom); :func:`eqvit.fold` only walks a model and calls it.
 A folded module has the layer's ``in_type`` / ``out_type`` and forward signature and computes the same
 function; its weights are buffers, so ``state_dict`` round trips and ``.to()`` keep them.
 """

@@ -18,7 +18,7 @@ forwards, chosen at construction:
   with the three weights stacked (:func:`~eqvit.nn.schur.apply_slabs`), one ``index_select`` lays
   the heads side by side, and one more puts the heads' outputs back in storage order for the
   Schur projection: ``(12/64) x`` timm's multiply-adds for D4 regular features.
-* otherwise one fused dense ``[3 dim, dim]`` qkv matrix (like timm) and one projection, the head
+* otherwise one stacked dense ``[3 dim, dim]`` qkv matrix (like timm) and one projection, the head
   order folded into their rows/columns; these dense matrices are built on every call.
 
 :meth:`IrrepAttention.fold` fixes the dense weights; in the ``components`` layout the q/k/v and projection
@@ -360,7 +360,7 @@ class IrrepAttention(nn.Module):
     def attn_drop(self) -> float:
         return self.sdpa.dropout
 
-    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(qkv weight [3 dim, dim], qkv bias, proj weight [dim, dim], proj bias)``, heads side by side."""
         modules = self._modules
         perm, dim, basis = self.perm, self.in_type.dim, modules["head_basis"]
@@ -399,7 +399,7 @@ class IrrepAttention(nn.Module):
             return self
         from eqvit.nn.folded import FoldedIrrepAttention
 
-        return FoldedIrrepAttention(self, self.fused_weights())
+        return FoldedIrrepAttention(self, self.stacked_weights())
 
     def attend_schur(
         self,
@@ -428,7 +428,7 @@ class IrrepAttention(nn.Module):
         rope=None,
         num_prefix_tokens: int = 0,
     ) -> torch.Tensor:
-        """``x [B, N, dim] -> [B, N, dim]`` with given fused weights (:meth:`fused_weights` or a folded form)."""
+        """``x [B, N, dim] -> [B, N, dim]`` with given stacked weights (:meth:`stacked_weights` or a folded form)."""
         qkv = F.linear(x, qkv_w, qkv_b)  # [B, N, 3 dim], heads side by side in q, k and v
         qkv = self.rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
         return F.linear(attend_heads(qkv, self.head_groups, self.sdpa), proj_w, proj_b)
@@ -474,7 +474,7 @@ def schur_attend(
 
 
 def _dense_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens: int) -> torch.Tensor:
-    return m.attend(x, *m.fused_weights(), rope=rope, num_prefix_tokens=num_prefix_tokens)
+    return m.attend(x, *m.stacked_weights(), rope=rope, num_prefix_tokens=num_prefix_tokens)
 
 
 def _schur_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens: int) -> torch.Tensor:

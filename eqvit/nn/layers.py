@@ -72,7 +72,7 @@ class DropPath(nn.Module):
 class FeatureGather(nn.Module):
     """``x [..., C_in] -> x[..., index]``: a fixed reordering (or selection) of the feature axis.
 
-    Layers put it after a projection to lay the heads out; ``eqvit.fuse`` folds it into that
+    Layers put it after a projection to lay the heads out; ``eqvit.fold`` folds it into that
     projection's rows and replaces it by ``nn.Identity``.
     """
 

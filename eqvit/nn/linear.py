@@ -15,7 +15,7 @@ Two forwards, chosen at construction from the feature types' layouts:
 * otherwise one ``F.linear`` on the dense matrix, assembled by one gather from the flat parameter
   vector (``W = sum_k theta[index_k] * coef_k``, ``k < dim End``) on every call.
 
-:meth:`IrrepLinear.fold` fixes either for inference (:func:`eqvit.fuse`).
+:meth:`IrrepLinear.fold` fixes either for inference (:func:`eqvit.fold`).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class IrrepLinear(ExactBuffers):
         return torch.cat([self.bias, self.bias.new_zeros(1)])[self._bias_index]
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(weight [out.dim, in.dim], bias [out.dim] or None)`` (computed on every call; eqvit.fuse fixes them)."""
+        """``(weight [out.dim, in.dim], bias [out.dim] or None)`` (computed on every call; eqvit.fold fixes them)."""
         return self._dense_weight(), self._dense_bias()
 
     def weight_matrix(self) -> torch.Tensor:

@@ -18,7 +18,7 @@ def test_rows_report_breaks_times_and_agreement(tmp_path):
     )
     assert json.loads(out.read_text()) == result
     rows = {row["form"]: row for row in result["rows"]}
-    assert set(rows) == {"train", "fused"}
+    assert set(rows) == {"train", "folded"}
     for row in rows.values():
         assert row["graph_breaks"] == 0 and "error" not in row
         assert row["eager_ms"] > 0 and row["compiled_ms"] > 0 and row["first_call_s"] > 0
@@ -41,7 +41,7 @@ def test_a_graph_break_is_reported_in_its_row(monkeypatch):
         return model
 
     monkeypatch.setattr(compile_bench, "_build", breaking_model)
-    row = compile_bench.measure("o2vit_square_tiny", "fused", 1, 1, "aot_eager")
+    row = compile_bench.measure("o2vit_square_tiny", "folded", 1, 1, "aot_eager")
     assert row["graph_breaks"] >= 1 and "error" in row
 
 

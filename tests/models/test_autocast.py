@@ -1,6 +1,6 @@
 """Mixed precision: every registered tiny model runs under CPU bf16 autocast, forward and backward, and
 no weight computed under one autocast state reaches a forward in another (issue 19, part 3, faults 6
-and 7): the training form derives its weights on every call, the fused form (``eqvit.fuse``) keeps
+and 7): the training form derives its weights on every call, the folded form (``eqvit.fold``) keeps
 them in the model's dtype and autocast casts them per call."""
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ def _autocast():
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_fused_models_under_autocast(name):
-    """The fused form's frozen weights: an autocast forward leaves a later fp32 forward as it was, and is
+def test_folded_models_under_autocast(name):
+    """The folded form's frozen weights: an autocast forward leaves a later fp32 forward as it was, and is
     bf16-close to it."""
-    fused = eqvit.fuse(_model(name))
-    x = _input(fused)
+    folded = eqvit.fold(_model(name))
+    x = _input(folded)
     with torch.no_grad():
-        expected = _call(fused, x)
+        expected = _call(folded, x)
         with _autocast():
-            low = _call(fused, x)
-        assert torch.equal(_call(fused, x), expected)
+            low = _call(folded, x)
+        assert torch.equal(_call(folded, x), expected)
     assert (low.float() - expected).abs().max() <= 0.1 * expected.abs().max()
 
 

@@ -182,16 +182,16 @@ def test_benchmark_smoke(tmp_path, capsys):
         "s2transformer_tiny",
         "so3vit_tiny",
         "so3vit_tiny[posenc=none]",
-        "so3vit_tiny[fused]",  # its inference form, eqvit.fuse
+        "so3vit_tiny[folded]",  # its inference form, eqvit.fold
         "timm_blocks:2x32,2h,240t",  # the no-overhead limit: the candidate's blocks alone
     }
     assert result["headline"]["reference"] == "s2transformer_tiny" and result["headline"]["candidate"] == "so3vit_tiny"
     assert result["headline"]["speedup"] > 0 and result["headline"]["rope_overhead"] > 0
     assert result["headline"]["over_bare"] > 0 and result["headline"]["bare_speedup"] > 0
-    assert result["headline"]["fused"] == "so3vit_tiny[fused]"
-    assert min(result["headline"][k] for k in ("fused_speedup", "fused_over_bare", "fused_rope_overhead")) > 0
-    low, high = result["headline"]["fused_over_bare_paired_ci90"]  # how far the paired median can move
-    assert low <= result["headline"]["fused_over_bare_paired_median"] <= high
+    assert result["headline"]["folded"] == "so3vit_tiny[folded]"
+    assert min(result["headline"][k] for k in ("folded_speedup", "folded_over_bare", "folded_rope_overhead")) > 0
+    low, high = result["headline"]["folded_over_bare_paired_ci90"]  # how far the paired median can move
+    assert low <= result["headline"]["folded_over_bare_paired_median"] <= high
     assert (
         len(result["forward_ms_raw"]["so3vit_tiny"]) == 3 and len(result["forward_ms_raw"]["s2transformer_tiny"]) == 2
     )
@@ -202,7 +202,7 @@ def test_benchmark_smoke(tmp_path, capsys):
         and "inference form" in printed
         and "speed-up over s2transformer_tiny" in printed
     )
-    assert "over the bare blocks" in printed and "so3vit_tiny[fused] over the bare blocks" in printed
+    assert "over the bare blocks" in printed and "so3vit_tiny[folded] over the bare blocks" in printed
     assert "90% interval" in printed
     # The memory measurement that the CLI runs in a fresh process, here in-process.
     mem = bench.memory_worker("so3vit_tiny", "cpu", batch=2, steps=1)
@@ -279,10 +279,10 @@ def test_profile_stages_times_every_stage():
     stages = bench.profile_stages("so3vit_tiny", torch.device("cpu"), batch=1, repeats=1, warmup=0)
     assert {
         "forward",
-        "forward_fused",
+        "forward_folded",
         "lifting",
-        "lifting_fused",
-        "head_fused",
+        "lifting_folded",
+        "head_folded",
         "blocks",
         "blocks_no_rope",
         "head",

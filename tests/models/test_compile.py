@@ -1,5 +1,5 @@
 """``torch.compile(model, fullgraph=True)`` on every registered family: the training form (forward and
-backward, through AOTAutograd) and the fused form trace as one graph each, with no graph break, and compute
+backward, through AOTAutograd) and the folded form trace as one graph each, with no graph break, and compute
 what eager computes. The ``aot_eager`` backend checks the tracing (dynamo and AOTAutograd) without the time
 Inductor's code generation takes; ``benchmarks/compile.py`` measures Inductor's compiled speed."""
 
@@ -37,11 +37,11 @@ def test_training_form_compiles_as_one_graph(name):
 
 
 @pytest.mark.parametrize("name", TEST_MODELS)
-def test_fused_form_compiles_as_one_graph(name):
-    fused = eqvit.fuse(build(name))
-    x = random_input(fused)
+def test_folded_form_compiles_as_one_graph(name):
+    folded = eqvit.fold(build(name))
+    x = random_input(folded)
     with torch.no_grad():
-        torch.testing.assert_close(call(_compiled(fused), x), call(fused, x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(call(_compiled(folded), x), call(folded, x), rtol=1e-4, atol=1e-5)
 
 
 def test_a_graph_break_fails_fullgraph():

@@ -450,7 +450,7 @@ def test_fast_paths_match_dense_references():
 
 
 # ------------------------------------------------------------------------------------------------
-# fast paths (one gather per dense weight, Fourier bases folded into the MLP, fused qkv, cached
+# fast paths (one gather per dense weight, Fourier bases folded into the MLP, stacked qkv, cached
 # weights) against the block-wise / dense references
 
 
@@ -504,7 +504,7 @@ def test_fast_norm_matches_reference_for_default_and_restricted_centres():
 
 
 @pytest.mark.parametrize("layout", ["coupled", "irrepwise"])
-def test_fused_qkv_attention_matches_per_head_reference(layout):
+def test_stacked_qkv_attention_matches_per_head_reference(layout):
     G = get_group("C4")
     V = FeatureType.regular(G, 3)
     heads = coupled_heads(V, 3) if layout == "coupled" else irrepwise_heads(V, 3)
@@ -518,10 +518,10 @@ def test_fused_qkv_attention_matches_per_head_reference(layout):
     torch.testing.assert_close(attn(x), attn.proj(out), rtol=0, atol=1e-12)
 
 
-def test_weights_follow_parameter_updates_and_fuse_freezes_them():
+def test_weights_follow_parameter_updates_and_fold_freezes_them():
     """The training form derives its weights afresh on every call: after an optimizer step, an in-place
-    change, load_state_dict or a dtype change it computes what a fresh copy computes. ``eqvit.fuse``
-    freezes them: the fused copy keeps the function it was fused at, and fusing again follows."""
+    change, load_state_dict or a dtype change it computes what a fresh copy computes. ``eqvit.fold``
+    freezes them: the folded copy keeps the function it was folded at, and folding again follows."""
     model = randomise_(tiny("square", "D4", drop_path_rate=0.0, attn_drop_rate=0.0, head_drop_rate=0.0)).double()
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     model.eval()
@@ -532,8 +532,8 @@ def test_weights_follow_parameter_updates_and_fuse_freezes_them():
 
     with torch.no_grad():
         y0 = model(x)
-        fused = eqvit.fuse(model)
-        torch.testing.assert_close(fused(x), y0, rtol=1e-12, atol=1e-12)
+        folded = eqvit.fold(model)
+        torch.testing.assert_close(folded(x), y0, rtol=1e-12, atol=1e-12)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model(x).square().sum().backward()
@@ -543,8 +543,8 @@ def test_weights_follow_parameter_updates_and_fuse_freezes_them():
         y1 = model(x)
         assert rel_err(y1, y0) > 1e-6
         torch.testing.assert_close(y1, fresh(model), rtol=0, atol=0)
-        torch.testing.assert_close(fused(x), y0, rtol=1e-12, atol=1e-12)  # frozen at fusion time
-        torch.testing.assert_close(eqvit.fuse(model)(x), y1, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(folded(x), y0, rtol=1e-12, atol=1e-12)  # frozen at folding time
+        torch.testing.assert_close(eqvit.fold(model)(x), y1, rtol=1e-12, atol=1e-12)
         for p in model.parameters():
             p.mul_(1.01)
         y2 = model(x)
@@ -639,7 +639,7 @@ def test_folded_block_is_the_block_with_its_weights_fixed(layout):
     V, block = _block_parts(layout)
     x = torch.randn(2, 5, V.dim, dtype=torch.float64)
     with torch.no_grad():
-        folded = eqvit.fuse(block)
+        folded = eqvit.fold(block)
         torch.testing.assert_close(folded(x), block(x), rtol=0, atol=1e-11)
         assert folded.norm1.in_type == block.norm1.in_type and folded.mlp.out_type == block.mlp.out_type
         block.norm2.weight.add_(0.3)  # folded: the copy keeps the weights it was built with
@@ -662,15 +662,15 @@ def test_irrep_vit_equals_the_plain_composition(grid, group):
         torch.testing.assert_close(model(x), model.head.fc(features[:, 0]), rtol=0, atol=1e-12)
 
 
-def test_fuse_folds_a_norm_with_another_centre():
+def test_fold_folds_a_norm_with_another_centre():
     model = randomise_(tiny("square", "D4")).double().eval()
     V = model.token_type
     model.blocks[1].norm2 = randomise_(IrrepLayerNorm(V, center=V.trivial_index[:2])).double()
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
-    fused = eqvit.fuse(model)
-    assert not isinstance(fused.blocks[1].norm2, IrrepLayerNorm)
+    folded = eqvit.fold(model)
+    assert not isinstance(folded.blocks[1].norm2, IrrepLayerNorm)
     with torch.no_grad():
-        torch.testing.assert_close(fused(x), model(x), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(folded(x), model(x), rtol=1e-12, atol=1e-12)
 
 
 def test_token_invariants_with_a_restricted_grouping():

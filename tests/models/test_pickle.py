@@ -1,5 +1,5 @@
-"""Every registered model pickles whole and deep-copies, in its training form and in ``eqvit.fuse``'s (issue 37,
-item 14), and ``eqvit.fuse`` folds bf16 / fp16 models.
+"""Every registered model pickles whole and deep-copies, in its training form and in ``eqvit.fold``'s (issue 37,
+item 14), and ``eqvit.fold`` folds bf16 / fp16 models.
 
 ``torch.save(model)`` stores modules by value: the groups inside (built-in ones by name, so that the
 unpickled model shares the cached group), the domains (without their per-instance caches) and
@@ -26,12 +26,12 @@ def roundtrip(model: torch.nn.Module) -> torch.nn.Module:
     return torch.load(buffer, weights_only=False)
 
 
-@pytest.mark.parametrize("form", ["train", "fused"])
+@pytest.mark.parametrize("form", ["train", "folded"])
 @pytest.mark.parametrize("name", TEST_MODELS)
 def test_every_model_pickles_and_deep_copies(name, form):
     model = build(name)
     randomise_(model)
-    model = eqvit.fuse(model) if form == "fused" else model.eval()
+    model = eqvit.fold(model) if form == "folded" else model.eval()
     x = random_input(model)
     with torch.no_grad():
         expected = call(model, x)
@@ -62,19 +62,19 @@ def pickle_roundtrip(obj):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", TEST_MODELS)
-def test_fuse_folds_half_precision_models(name, dtype):
-    """A trained (randomised) model cast to bf16 / fp16 fuses, and computes what it computed before folding."""
+def test_fold_folds_half_precision_models(name, dtype):
+    """A trained (randomised) model cast to bf16 / fp16 folds, and computes what it computed before folding."""
     model = build(name)
     randomise_(model)
     model = model.to(dtype).eval()
-    fused = eqvit.fuse(model)
-    assert all(p.dtype == dtype for p in fused.parameters())
+    folded = eqvit.fold(model)
+    assert all(p.dtype == dtype for p in folded.parameters())
     x = random_input(model, dtype=dtype)
     with torch.no_grad():
         try:
             expected = call(model, x).float()
         except RuntimeError as err:  # torch-harmonics' SHT keeps float32 buffers: no half-precision forward
             pytest.skip(f"{name} does not run in {dtype} unfolded either ({err})")
-        got = call(fused, x).float()
+        got = call(folded, x).float()
     scale = expected.abs().max().clamp_min(1e-6)
     assert ((got - expected).abs().max() / scale).item() < 0.05

@@ -248,7 +248,7 @@ def test_frame_rope_takes_unflattened_heads():
 def test_frame_rope_rotates_stacked_qk_like_separate_q_and_k():
     """``rotate_qk_stacked_`` (in place, one op: what Platonic attention calls) equals the base
     class's generic default and ``rotate_qk_tokens``, for fixed and per-batch positions, with prefix
-    tokens, on a strided view into a fused qkv tensor and in reduced precision."""
+    tokens, on a strided view into a stacked qkv tensor and in reduced precision."""
     from eqvit.nn.posenc.base import PositionalScheme
 
     group = get_group("C4")
@@ -257,10 +257,10 @@ def test_frame_rope_rotates_stacked_qk_like_separate_q_and_k():
     bound = FrameRoPE(group, num_heads=2, head_dim=6).double().bind(torch.randn(2, 9, 2, dtype=torch.float64))
     for rope, prefix in ((fixed, 2), (bound, 0)):
         qk = qkv[:, :, :2]  # q and k: a strided view
-        fused = qkv.clone()
-        got = rope.rotate_qk_stacked_(fused[:, :, :2], prefix)
-        assert got.data_ptr() == fused.data_ptr()  # rotated where it lies
-        assert torch.equal(fused[:, :, 2], qkv[:, :, 2])  # v untouched
+        stacked = qkv.clone()
+        got = rope.rotate_qk_stacked_(stacked[:, :, :2], prefix)
+        assert got.data_ptr() == stacked.data_ptr()  # rotated where it lies
+        assert torch.equal(stacked[:, :, 2], qkv[:, :, 2])  # v untouched
         generic = PositionalScheme.rotate_qk_stacked_(rope, qk.clone(), prefix)
         torch.testing.assert_close(got, generic, rtol=0, atol=1e-15)
         q, k = rope.rotate_qk_tokens(qk[:, :, 0], qk[:, :, 1], prefix)
@@ -274,7 +274,7 @@ def test_frame_rope_rotates_stacked_qk_like_separate_q_and_k():
 
 
 def test_platonic_attention_rotates_in_place_with_correct_gradients():
-    """The in-place rotation of q, k inside the fused projection gives the same outputs and input
+    """The in-place rotation of q, k inside the stacked projection gives the same outputs and input
     gradients as rotating copies (the generic scheme path)."""
     from eqvit.nn.platonic import PlatonicAttention
     from eqvit.nn.posenc.base import PositionalScheme
@@ -507,8 +507,8 @@ def test_group_conv_fuses_to_its_own_function_and_trains_through_its_kernel(impl
     y.sum().backward()
     assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
     torch.optim.SGD(layer.parameters(), lr=0.1).step()
-    fused = eqvit.fuse(layer)
-    assert not list(fused.parameters()) and fused.out_type == layer.out_type
+    folded = eqvit.fold(layer)
+    assert not list(folded.parameters()) and folded.out_type == layer.out_type
     with torch.no_grad():
-        torch.testing.assert_close(fused(x), layer(x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(folded(x), layer(x), rtol=1e-5, atol=1e-6)
         assert not torch.allclose(layer(x), y)

@@ -198,7 +198,7 @@ def test_restriction_computes_the_same_function(name, kwargs, sub):
     with torch.no_grad():
         expected = call(model, x)
         assert rel_err(call(restricted, x), expected) <= TOL
-        assert rel_err(call(eqvit.fuse(restricted), x), expected) <= TOL
+        assert rel_err(call(eqvit.fold(restricted), x), expected) <= TOL
     assert count_parameters(restricted) > count_parameters(model)
     assert_equivariant(randomise_(restricted, seed=5), batch_size=1, tolerance=TOL)
 

@@ -89,7 +89,7 @@ def test_fourier_stream_is_invariant_and_folds_its_mlp(name, kwargs):
     equivariance: tests/test_folding.py)."""
     model = randomise_(eqvit.create_model(name, **kwargs)).double()
     assert_equivariant(model, batch_size=1)
-    assert isinstance(eqvit.fuse(model).blocks[0].mlp.fc1, FoldedSchurLinear)
+    assert isinstance(eqvit.fold(model).blocks[0].mlp.fc1, FoldedSchurLinear)
 
 
 def test_a_broken_fourier_block_fails_the_check():
@@ -109,7 +109,7 @@ def test_vit_scale_models_take_the_fourier_stream():
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         ref = small.eval()(x)
-        err = (eqvit.fuse(small)(x) - ref).abs().max() / ref.abs().max()
+        err = (eqvit.fold(small)(x) - ref).abs().max() / ref.abs().max()
     assert err < 1e-4
 
 

@@ -1,6 +1,6 @@
 """Frame RoPE on the three layouts attention layers hold q and k in: token-major pairs, stacked q/k
-inside a fused projection, and heads-major (timm's ``[2, B, H, N, D]`` after the qkv permute, used
-by the fused frames-as-heads attention). The heads-major form must rotate exactly like the
+inside a stacked projection, and heads-major (timm's ``[2, B, H, N, D]`` after the qkv permute, used
+by the folded frames-as-heads attention). The heads-major form must rotate exactly like the
 token-major :meth:`rotate_qk_tokens` that the training layers use, prefix tokens untouched."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_heads_major_rotation_is_in_place_on_a_permuted_qkv_view():
 @pytest.mark.parametrize("bound", [False, True], ids=["fixed-positions", "bound-per-batch"])
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_frames_major_rotation_matches_the_reference(bound, prefix):
-    """``[G, B, N, 2, H, D]`` (the Fourier-basis attention of eqvit.fuse): in place, in one op, like the
+    """``[G, B, N, 2, H, D]`` (the Fourier-basis attention of eqvit.fold): in place, in one op, like the
     token-major reference; the generic fallback of the base class agrees too."""
     group = get_group("D4")
     G, B, N, heads, D = group.order, 2, 5, 2, 6

@@ -236,18 +236,18 @@ def test_turned_orientations_that_disagree_are_refused():
         _orientation_taps(gather)
 
 
-def test_fused_unpatchify_keeps_its_average_exact_when_cast_to_float64():
-    """A float32 unpatchify fused and then cast to float64 averages with exact 1/count, as the training
+def test_folded_unpatchify_keeps_its_average_exact_when_cast_to_float64():
+    """A float32 unpatchify folded and then cast to float64 averages with exact 1/count, as the training
     form does (a float32-rounded copy is off by ~1e-8)."""
-    from eqvit import fuse
+    from eqvit import fold
 
     torch.manual_seed(0)
     head = IcosphereUnpatchify(5, 2, INPUT_LEVEL, PATCH_LEVEL)
-    fused = fuse(head)
+    folded = fold(head)
     counts = 3 * torch.bincount(head.scatter_index, minlength=head.num_vertices).double()
-    assert fused.inv_count.dtype == torch.float32
-    assert torch.equal(fused.double().inv_count, 1.0 / counts)
+    assert folded.inv_count.dtype == torch.float32
+    assert torch.equal(folded.double().inv_count, 1.0 / counts)
     tokens = torch.randn(2, head.lifting.num_tokens, 5, dtype=torch.float64)
     expected = head.double()(tokens)
     # round-off of float64 only (the factored form sums in another order); a float32 1/count is 1e-8 off
-    assert (fused(tokens) - expected).abs().max() <= 1e-14 * expected.abs().max()
+    assert (folded(tokens) - expected).abs().max() <= 1e-14 * expected.abs().max()

@@ -125,11 +125,11 @@ def test_schur_attention_and_mlp_match_the_dense_forms(group):
         with torch.no_grad():
             lin.bias.normal_()
     x = torch.randn(2, 5, V.dim)
-    torch.testing.assert_close(attn(x), attn.attend(x, *attn.fused_weights()))
+    torch.testing.assert_close(attn(x), attn.attend(x, *attn.stacked_weights()))
     assert_equivariant(attn)
     gathered = IrrepAttention(V, irrepwise_heads(V, 2))  # heads laid out by index_select
     assert gathered.schur and gathered.slab_heads is None and attn.slab_heads is not None
-    torch.testing.assert_close(gathered(x), gathered.attend(x, *gathered.fused_weights()))
+    torch.testing.assert_close(gathered(x), gathered.attend(x, *gathered.stacked_weights()))
     assert_equivariant(gathered)
     hidden, basis, _ = homogeneous_fourier_basis(G, [("regular", 8)], layout="components")
     mlp = IrrepMlp(V, FourierActivation(hidden, basis))
@@ -199,7 +199,7 @@ def test_scale_speed_quick(tmp_path, capsys):
     profile = result["sizes"]["small"]["profiles"]["eqvit_d4 b=1"]
     assert profile and all(row["self_ms"] >= 0 for row in profile) and sum(row["share"] for row in profile) <= 1.0001
     printed = capsys.readouterr().out
-    assert "skipped octic" in printed and "FLOPs / timm" in printed and "profile, fused eqvit_d4 b=1" in printed
+    assert "skipped octic" in printed and "FLOPs / timm" in printed and "profile, folded eqvit_d4 b=1" in printed
 
 
 def test_peer_folder_follows_the_environment_then_the_checkout(monkeypatch, tmp_path):

@@ -136,7 +136,7 @@ def test_rows_mlp_costs_the_schur_minimum_and_two_transforms():
 
 def test_folded_mlp_is_equivariant_and_a_broken_one_fails():
     mlp = _mlp()
-    folded = eqvit.fuse(mlp)
+    folded = eqvit.fold(mlp)
     assert folded.in_type == folded.out_type == mlp.in_type
     assert isinstance(folded.fc1, FoldedSchurLinear)
     assert_equivariant(folded)

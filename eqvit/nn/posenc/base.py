@@ -52,7 +52,7 @@ class PositionalScheme(nn.Module):
         """The same as :meth:`rotate_qk` for token-major ``q, k [B, N, H, D]`` (what attention holds).
 
         The heads may come unflattened, ``[B, N, G, H, D]`` (frames-major, as Platonic attention
-        splits them off its fused projection); the result is always ``[B, N, G * H, D]``. Schemes
+        splits them off its stacked projection); the result is always ``[B, N, G * H, D]``. Schemes
         override it when the token-major layout is faster for them.
         """
         q, k = q.flatten(2, -2), k.flatten(2, -2)
@@ -61,7 +61,7 @@ class PositionalScheme(nn.Module):
 
     def rotate_qk_stacked_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         """:meth:`rotate_qk_tokens` in place on queries and keys stacked as ``qk [B, N, 2, H, D]``
-        (q then k; typically a view into the attention's own fused qkv output). Returns ``qk``.
+        (q then k; typically a view into the attention's own stacked qkv output). Returns ``qk``.
 
         Schemes that can rotate both in one op, without a copy, override it.
         """
@@ -76,7 +76,7 @@ class PositionalScheme(nn.Module):
 
     def rotate_qk_frames_(self, qk: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
         """:meth:`rotate_qk_stacked_` in place on frames-major ``qk [G, B, N, 2, H, D]`` (frame j's heads are
-        ``j H .. j H + H - 1``; the layout of the Fourier-basis Platonic attention, eqvit.fuse). Returns ``qk``.
+        ``j H .. j H + H - 1``; the layout of the Fourier-basis Platonic attention, eqvit.fold). Returns ``qk``.
         Frame schemes rotate it in one op; the default goes through the token-major layout (a copy)."""
         G, B, N, _, H, D = qk.shape
         stacked = qk.permute(1, 2, 3, 0, 4, 5).reshape(B, N, 2, G * H, D)

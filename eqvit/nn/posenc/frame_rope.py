@@ -51,7 +51,7 @@ def rotate_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
 
     ``rotation`` holds (cos, sin) per pair and broadcasts against ``x``'s leading dims. One complex
     multiply: the pairs and the table are viewed as complex numbers (no copies; ``x`` may be a
-    strided view such as one of q, k, v split off a fused projection). Reduced-precision inputs
+    strided view such as one of q, k, v split off a stacked projection). Reduced-precision inputs
     (bf16 / fp16 under autocast) are rotated in float32 and cast back.
     """
     dtype = x.dtype
@@ -65,7 +65,7 @@ def rotate_pairs_(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     """:func:`rotate_pairs` in place; returns ``x``.
 
     A float32 / float64 ``x`` whose pairs can be viewed as complex numbers (even strides, such as
-    q and k inside a fused qkv output) is multiplied in place: no new tensor, and q, k, v keep
+    q and k inside a stacked qkv output) is multiplied in place: no new tensor, and q, k, v keep
     sharing one storage. Other inputs (reduced precision) are rotated out of place and copied back.
     """
     complex_view = x.dtype in (torch.float32, torch.float64) and x.stride(-1) == 1

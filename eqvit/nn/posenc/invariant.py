@@ -2,7 +2,7 @@
 
 ``PosEnc(x) = x + p`` is equivariant iff ``rho(g) p_rho(g^-1 . a) = p_rho(a)`` for every irrep. A basis
 of the invariant subspace of ``R^M (x) V_rho`` is precomputed; each channel of ``p_rho`` is a learned
-combination of it (``eqvit.fuse`` fixes ``p``).
+combination of it (``eqvit.fold`` fixes ``p``).
 
 The basis is canonical (:func:`invariant_basis`): built from the orbits of the points and the fixed
 spaces of their stabilisers by a hand-written Gram-Schmidt, so the learned coefficients mean the same

@@ -33,7 +33,7 @@ class SO3RoPE(ExactBuffers, PositionalScheme):
             are precomputed once as a buffer and used by ``rotate_qk``.
         max_order: L; defaults to the largest that fits.
         wigner: instead of ``poses``, their matrices pi ``[N, (L+1)^2, (L+1)^2]`` (what
-            :func:`eqvit.fuse` passes on to the inference form).
+            :func:`eqvit.fold` passes on to the inference form).
     """
 
     is_rotary = True

@@ -7,7 +7,7 @@ precomputed irrep-adapted orthonormal basis ``E^rho_{alpha j}`` of ``C(U, R)`` (
 U's permutation representation), so ``C(U, R^c)`` becomes an irrep-wise feature type with
 ``c * nu_rho`` copies of rho, and the learnable part is an :class:`~eqvit.nn.linear.IrrepLinear`
 (its weights are the seed's ``K^rho``). The filters ``W E`` are one matmul per call (fixed by
-``eqvit.fuse`` for inference), and patches are embedded with one ``F.linear`` (a strided
+``eqvit.fold`` for inference), and patches are embedded with one ``F.linear`` (a strided
 ``F.conv2d`` for square patches).
 """
 

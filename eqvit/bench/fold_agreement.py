@@ -1,15 +1,15 @@
-"""``eqvit.fuse`` against the training form, for every registered model (or the ones named).
+"""``eqvit.fold`` against the training form, for every registered model (or the ones named).
 
 Each model is built, its parameters noised (:func:`eqvit.testing.randomise_parameters_`: a fresh
 model's zero-initialised head would make any agreement trivial), cast to float64 (float32 for the
 S2Transformer baselines: torch-harmonics' DISCO convolution computes in float32 whatever the model's
 dtype), and run in ``eval()`` on one random input from its domain, before and after
-:func:`eqvit.fuse`. The figure is the maximum absolute difference of the outputs over the maximum
+:func:`eqvit.fold`. The figure is the maximum absolute difference of the outputs over the maximum
 absolute output (the one-ViT issue's bound: 1e-10 in float64).
 
 Writes JSON and prints a row per model.
 
-Usage: ``python benchmarks/fuse_agreement.py [--models NAME ...] [--tiny] [--out FILE]``.
+Usage: ``python benchmarks/fold_agreement.py [--models NAME ...] [--tiny] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ FLOAT32_ONLY = ("s2transformer",)  # DISCO convolutions compute in float32
 
 
 def agreement(name: str, seed: int = 0) -> dict:
-    """One row: the relative difference between ``model(x)`` and ``eqvit.fuse(model)(x)``."""
+    """One row: the relative difference between ``model(x)`` and ``eqvit.fold(model)(x)``."""
     dtype = torch.float32 if name.startswith(FLOAT32_ONLY) else torch.float64
     torch.manual_seed(seed)
     model = randomise_parameters_(eqvit.create_model(name), seed).to(dtype).eval()
@@ -41,7 +41,7 @@ def agreement(name: str, seed: int = 0) -> dict:
     start = time.perf_counter()
     with torch.no_grad():
         expected = model(*inputs)
-        got = eqvit.fuse(model)(*inputs)
+        got = eqvit.fold(model)(*inputs)
     error = float((got - expected).abs().max() / expected.abs().max().clamp_min(1e-300))
     return dict(model=name, dtype=str(dtype).removeprefix("torch."), relative_error=error,
                 params=sum(p.numel() for p in model.parameters()), seconds=time.perf_counter() - start)  # fmt: skip
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", help="registered names (default: every registered model)")
     parser.add_argument("--tiny", action="store_true", help="only the *_tiny twins (seconds, not minutes)")
-    parser.add_argument("--out", default=str(results_dir() / "fuse_agreement.json"))
+    parser.add_argument("--out", default=str(results_dir() / "fold_agreement.json"))
     args = parser.parse_args(argv)
     names = args.models or eqvit.list_models()
     unknown = sorted(set(names) - set(eqvit.list_models()))
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.tiny:
         names = [n for n in names if n.endswith("_tiny")]
     rows = []
-    print(f"{'model':<36} {'dtype':<8} {'params':>11} {'fused vs training form':>23}")
+    print(f"{'model':<36} {'dtype':<8} {'params':>11} {'folded vs training form':>23}")
     for name in sorted(names):
         row = agreement(name)
         rows.append(row)
