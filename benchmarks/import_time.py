@@ -1,4 +1,4 @@
-"""Start-up cost: ``import eqvit`` and ``eqvit list`` against ``import torch, timm`` (issue 19).
+"""Start-up cost: ``import eqvit`` and ``eqvit list`` against ``import torch, timm``.
 
 A thin driver: the benchmark is :mod:`eqvit.bench.import_time`
 (also ``eqvit bench import_time``, from an installed wheel too).

@@ -1,4 +1,4 @@
-"""assert_equivariant's own argument checks (issue 19, part 3, fault 10): a group that does not act on the
+"""assert_equivariant's own argument checks: a group that does not act on the
 model's domain (wrong dimension, or not closed on its points) and a bad tolerance are ValueErrors saying
 what does not fit; the check still fails on a model that is not equivariant."""
 

@@ -1,4 +1,4 @@
-"""Start-up cost: ``import eqvit`` and ``eqvit list`` against ``import torch, timm`` (issue 19).
+"""Start-up cost: ``import eqvit`` and ``eqvit list`` against ``import torch, timm``.
 
 Every measurement is a fresh interpreter, timed from outside (``time.perf_counter`` around
 ``subprocess.run``), so it is the wall time a user waits for, interpreter start included. The

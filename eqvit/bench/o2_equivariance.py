@@ -9,7 +9,7 @@ Then the D4 and D6 models are restricted to every subgroup named in their family
 (:func:`eqvit.restrict`, Theorem 2): the restricted model's logits against the parent's, and the
 restricted model's own invariance under the subgroup.
 
-Writes JSON and prints the maximum relative error per row (the issue's bound is 1e-9).
+Writes JSON and prints the maximum relative error per row (the bound is 1e-9).
 
 Usage: ``python benchmarks/o2_equivariance.py [--out FILE]``.
 """

@@ -1,6 +1,6 @@
 """Forward time, parameters and FLOPs of the D4 square O(2)-subgroup ViT against a timm ViT.
 
-Models (issue 5): ``o2vit_square_s`` (D4, total width D = 48 = 6 copies of the regular
+Models: ``o2vit_square_s`` (D4, total width D = 48 = 6 copies of the regular
 representation stored irrep-wise, 256 patches of 16^2 pixels of a 256^2 image plus one class token,
 depth 6, 3 heads, MLP over 12 regular D4-orbits = hidden width 96 = 2D) with coupled attention and
 with irrep-wise attention (3 heads per irrep, 15 heads in all), against the timm

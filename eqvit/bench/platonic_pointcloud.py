@@ -8,8 +8,7 @@ SO(3) rotations (``test_rotate="so3"``) and the canonical orientation (``"none"`
 
 * ``--train-rotate so3`` (default): train on randomly rotated shapes (one fixed rotation per sample). Every
   model must learn invariance to the rotations its frames do not cover from the data; a group of
-  frames gives it |G| orientations of each sample for free (the sample efficiency the issue's target,
-  O and I beating the trivial group on rotated shapes, is about).
+  frames gives it |G| orientations of each sample for free.
 * ``--train-rotate none``: train upright, test rotated. Frames make a model exactly invariant to
   their group only, so this asks how far that finite invariance carries to unseen orientations.
 

@@ -21,7 +21,7 @@ Forward time: float32, CPU, ``eval()``, ``torch.no_grad``, the Platonic model in
 (``eqvit.fold``), batch 1 and 16; the two models of a
 pair run alternately inside one loop (order swapped every round; at least ``--repeats`` rounds and
 enough to fill ``--min-seconds`` per pair, so millisecond cases get hundreds), and the table gives the median
-of each and the median of the per-round ratios ours / timm (issue target <= 1.15), with the load
+of each and the median of the per-round ratios ours / timm, with the load
 average (``os.getloadavg``) before and after. FLOPs come from ``FlopCounterMode`` with the
 explicit-softmax attention path (the CPU SDPA kernel is not counted by it), parameters from
 ``model.parameters()``.

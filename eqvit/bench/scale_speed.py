@@ -1,4 +1,4 @@
-"""ViT-S/B-scale speed: timm against the eqvit Schur-layout models against octic-vits (issue 18).
+"""ViT-S/B-scale speed: timm against the eqvit Schur-layout models against octic-vits.
 
 Rows, at ViT-S (384 wide, 6 heads) and ViT-B (768, 12 heads), 224^2 images, 16^2 patches, depth 12,
 MLP ratio 4, 1000 classes, float32:

@@ -1,5 +1,4 @@
-"""Huge values are refused up front with an estimate, and unreadable input files are named (issue 37, items 2,
-12 and 15).
+"""Huge values are refused up front with an estimate, and unreadable input files are named.
 
 The machine's memory is fixed at 8 GiB here (``eqvit.utils.machine_memory``), so the refusals do not
 depend on the machine the tests run on; each names what would not fit, its estimate and how it was made.

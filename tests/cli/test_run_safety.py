@@ -1,4 +1,4 @@
-"""Nothing lost, nothing silently wrong around a run (issue 37): concurrent runs, exports, resumes with other
+"""Nothing lost, nothing silently wrong around a run: concurrent runs, exports, resumes with other
 settings, malformed checkpoints, odd output paths, config files with duplicate keys or non-finite numbers,
 evaluations of a diverged model.
 

@@ -1,4 +1,4 @@
-"""A run stopped by a signal or an error keeps its last completed step, and resuming it is exact (issue 37).
+"""A run stopped by a signal or an error keeps its last completed step, and resuming it is exact.
 
 SIGINT, SIGTERM and SIGHUP save a checkpoint and exit 130, 143, 129; a second signal does not cut that
 save; the RNG states saved for a step that began but did not complete are those from before it, so

@@ -1,4 +1,4 @@
-"""What a new user gets wrong ends in exit 2 and one paragraph, before any training is lost (issue 19, part 3).
+"""What a new user gets wrong ends in exit 2 and one paragraph, before any training is lost.
 
 The CLI is called in-process (``eqvit.cli.main``), which catches what ``python -m eqvit`` would;
 one subprocess test checks that the real command prints no traceback. Runs train ``so3vit_tiny``

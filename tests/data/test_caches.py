@@ -1,4 +1,4 @@
-"""Caches are written safely and read warily (issue 37, item 11 and the cache modes of item 15).
+"""Caches are written safely and read warily, with the group's read access.
 
 The QM9 ``.npz`` cache, the shallow-water validation cache and the QM9 training SMILES: a truncated,
 empty or damaged file is rebuilt once with a warning naming it (never a traceback); two writers at

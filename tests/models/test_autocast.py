@@ -1,6 +1,6 @@
 """Mixed precision: every registered tiny model runs under CPU bf16 autocast, forward and backward, and
-no weight computed under one autocast state reaches a forward in another (issue 19, part 3, faults 6
-and 7): the training form derives its weights on every call, the folded form (``eqvit.fold``) keeps
+no weight computed under one autocast state reaches a forward in another: the
+training form derives its weights on every call, the folded form (``eqvit.fold``) keeps
 them in the model's dtype and autocast casts them per call."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Edge inputs (issue 19, part 3, fault 9): an empty batch works, a point cloud without points and an
+"""Edge inputs: an empty batch works, a point cloud without points and an
 input of another dtype than the model's parameters are ValueErrors naming what was expected and what came.
 Checked over every registered tiny model."""
 

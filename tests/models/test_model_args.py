@@ -1,5 +1,5 @@
 """Model sizes out of range are ValueErrors naming the argument, what is valid and what came, for every
-registered family (issue 19, part 3, fault 8): no ZeroDivisionError, no torch message, no silent model."""
+registered family: no ZeroDivisionError, no torch message, no silent model."""
 
 from __future__ import annotations
 

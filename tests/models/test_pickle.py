@@ -1,5 +1,5 @@
-"""Every registered model pickles whole and deep-copies, in its training form and in ``eqvit.fold``'s (issue 37,
-item 14), and ``eqvit.fold`` folds bf16 / fp16 models.
+"""Every registered model pickles whole and deep-copies, in its training form and in ``eqvit.fold``'s,
+and ``eqvit.fold`` folds bf16 / fp16 models.
 
 ``torch.save(model)`` stores modules by value: the groups inside (built-in ones by name, so that the
 unpickled model shares the cached group), the domains (without their per-instance caches) and

@@ -1,4 +1,4 @@
-"""Restriction of Platonic Transformers to a subgroup H of their frames G (issue 17, item 6).
+"""Restriction of Platonic Transformers to a subgroup H of their frames G.
 
 The regular representation of G restricted to H is ``|G:H|`` copies of H's: with right cosets
 ``G = u_k H r_k``, ``f_k(h) = f(h r_k)`` and ``(L_h' f)_k = L_h' f_k``. So a G-model with C channels per
