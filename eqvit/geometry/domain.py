@@ -247,13 +247,7 @@ def symmetry_subgroup(group, points: np.ndarray):
     from eqvit.geometry.points import PointIndex
 
     index = PointIndex(np.asarray(points, dtype=np.float64))
-    kept = []
-    for g, matrix in enumerate(group.elements):
-        try:
-            index.permutation(matrix)
-        except ValueError:
-            continue
-        kept.append(g)
+    kept = [g for g, matrix in enumerate(group.elements) if index.maps_onto_itself(matrix)]
     return group if len(kept) == group.order else group.subgroup(np.asarray(kept))
 
 

@@ -79,6 +79,24 @@ class PointIndex:
                 distance from a query to its nearest point), or more than one.
         """
         queries = np.asarray(queries, dtype=np.float64)
+        found, hits = self._match(queries)
+        if np.any(hits > 1):
+            raise ValueError(
+                f"{int(np.sum(hits > 1))} queries have several points within atol={self.atol:g}; "
+                "the point set has (near-)duplicate points"
+            )
+        missing = np.nonzero(hits == 0)[0]
+        if len(missing):
+            dev, exact = self._deviation(queries[missing])
+            bound = "" if exact else "at least "
+            raise ValueError(
+                f"{len(missing)} of {len(queries)} points have no match within atol={self.atol:g}: "
+                f"max deviation {bound}{dev:.3e}"
+            )
+        return found
+
+    def _match(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each query ``[Q, d]``: the index of a point within ``atol`` (-1 if none) and how many there are."""
         if queries.ndim != 2 or queries.shape[1] != self.points.shape[1]:
             raise ValueError(f"expected queries of shape [Q, {self.points.shape[1]}], got {list(queries.shape)}")
         proj = queries @ self.direction
@@ -96,20 +114,7 @@ class PointIndex:
             close = dist <= self.atol
             found[rows[close]] = cand[close]
             hits[rows[close]] += 1
-        if np.any(hits > 1):
-            raise ValueError(
-                f"{int(np.sum(hits > 1))} queries have several points within atol={self.atol:g}; "
-                "the point set has (near-)duplicate points"
-            )
-        missing = np.nonzero(hits == 0)[0]
-        if len(missing):
-            dev, exact = self._deviation(queries[missing])
-            bound = "" if exact else "at least "
-            raise ValueError(
-                f"{len(missing)} of {len(queries)} points have no match within atol={self.atol:g}: "
-                f"max deviation {bound}{dev:.3e}"
-            )
-        return found
+        return found, hits
 
     def _deviation(self, queries: np.ndarray) -> tuple[float, bool]:
         """Largest distance from a query to its nearest point, and whether it is exact.
@@ -138,10 +143,19 @@ class PointIndex:
         if matrix.shape != (d, d):
             raise ValueError(f"expected a [{d}, {d}] matrix for {d}-dimensional points, got {list(matrix.shape)}")
         perm = self.find(self.points @ matrix.T)
+        self._check_bijective(perm)
+        return perm
+
+    def maps_onto_itself(self, matrix: np.ndarray) -> bool:
+        """Whether ``matrix [d, d]`` permutes the points (within ``atol``); no error when it does not."""
+        found, hits = self._match(self.points @ np.asarray(matrix, dtype=np.float64).T)
+        return bool(np.all(hits == 1)) and len(np.unique(found)) == len(found)
+
+    @staticmethod
+    def _check_bijective(perm: np.ndarray) -> None:
         # Distinct points have distinct images under an invertible matrix; a singular one can merge them.
         if len(np.unique(perm)) != len(perm):
             raise ValueError("matrix maps several points onto one point; it is not a permutation of the point set")
-        return perm
 
 
 def point_permutation(points: np.ndarray, matrix: np.ndarray, atol: float = 1e-9) -> np.ndarray:

@@ -511,3 +511,24 @@ def test_square_grid_closed_under_d4(size):
 def test_square_grid_non_square_rejects_quarter_turn():
     with pytest.raises(ValueError, match="max deviation"):
         point_permutation(square_grid(3, 4), D4[1])
+
+
+def test_maps_onto_itself_agrees_with_permutation():
+    """The cheap predicate (no error message to build) says yes exactly where ``permutation`` succeeds: D6
+    on a square pixel grid keeps the half turn and the two axis reflections, and loses the rest."""
+    from eqvit.groups import get_group
+
+    side = np.arange(6) - 2.5
+    grid = np.stack(np.meshgrid(side, side, indexing="ij"), -1).reshape(-1, 2)
+    index = PointIndex(grid)
+    group = get_group("D6")
+    kept = []
+    for matrix in group.elements:
+        try:
+            index.permutation(matrix)
+            succeeded = True
+        except ValueError:
+            succeeded = False
+        assert index.maps_onto_itself(matrix) is succeeded
+        kept.append(succeeded)
+    assert sum(kept) == 4
