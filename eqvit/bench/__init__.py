@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "fold_agreement": "eqvit.fold against the training form for every registered model (float64)",
     "groups_timing": "cold construction time of the Platonic groups",
     "import_time": "start-up cost of `import eqvit` and `eqvit list` against `import torch, timm`",
+    "kill_resume": "kill -9 / SIGINT / SIGTERM of a real `eqvit train` at random moments, --resume: bit-exact tries",
     "o2_data_efficiency": "data efficiency of O(2)-subgroup ViTs on rotated MNIST or an image folder (--image-folder)",
     "o2_gsets": "MLP G-sets of a D4 ViT: accuracy against the A1 fraction of the hidden layer (seed Fig. 6)",
     "o2_equivariance": "invariance and restriction errors of the O(2)-subgroup ViTs",
