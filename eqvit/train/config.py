@@ -355,10 +355,11 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
-    """Build dataclass ``cls`` from ``data``, recursively, validating keys and types."""
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, recursively, validating keys and types; errors name the field by
+    its dotted path below ``where`` (``""``: the config's top level)."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
@@ -366,12 +367,13 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{where}: unknown key {key!r}{hint} (valid keys: {', '.join(names)})")
+            raise ConfigError(f"{where or 'config'}: unknown key {key!r}{hint} (valid keys: {', '.join(names)})")
         annotation = hints[key]
+        field = f"{where}.{key}" if where else str(key)
         if dataclasses.is_dataclass(annotation):
-            kwargs[key] = from_dict(annotation, value, f"{where}.{key}")
+            kwargs[key] = from_dict(annotation, value, field)
         else:
-            kwargs[key] = _check_type(value, annotation, f"{where}.{key}")
+            kwargs[key] = _check_type(value, annotation, field)
     return cls(**kwargs)
 
 
@@ -411,4 +413,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); is it a YAML config?") from None
-    return from_dict(ExperimentConfig, data, where=str(path))
+    try:
+        return from_dict(ExperimentConfig, data)
+    except ConfigError as err:  # name the file once, then the field: "tiny.yaml: optim.lr: expected ..."
+        raise ConfigError(f"{path}: {err}") from None

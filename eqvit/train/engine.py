@@ -977,9 +977,13 @@ class Trainer:
             return
         if isinstance(err, Interrupted):
             err.checkpoint = str(path)
-        err.add_note(
-            f"the checkpoint of step {self._saved_at} (the last completed) is in {path}; continue with --resume"
+        # A diverged loss comes back on resume with the same settings: say what to change first.
+        how = (
+            "lower optim.lr (or set optim.grad_clip) in the config, then continue with --resume"
+            if isinstance(err, FloatingPointError)
+            else "continue with --resume"
         )
+        err.add_note(f"the checkpoint of step {self._saved_at} (the last completed) is in {path}; {how}")
 
     def finish(self) -> dict[str, Any]:
         """Final evaluation, checkpoint and reports; returns the summary (the full evaluation, with

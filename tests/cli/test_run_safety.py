@@ -285,7 +285,7 @@ def test_non_finite_numbers_are_refused_everywhere(capsys, tmp_path, cache_dir, 
     config = write_config(tmp_path, cache_dir, **{section: values})
     code, err = cli(capsys, "train", config, "--out", tmp_path / "out")
     assert code == 2
-    assert_one_paragraph(err, where, "expected a finite number")
+    assert_one_paragraph(err, f"{config}: {where}: expected a finite number")  # the file, then the field
 
 
 def test_eval_json_of_a_diverged_model_is_valid_json_with_a_warning(capsys, tiny, tmp_path, run):

@@ -225,6 +225,7 @@ def test_a_nan_loss_never_claims_a_checkpoint_that_is_not_there(capsys, monkeypa
         assert "checkpoint in" not in err and "is kept" not in err
     else:
         assert f"the checkpoint of step {bad_step - 1} (the last completed) is in" in err
+        assert "lower optim.lr" in err  # resuming unchanged would diverge again
         assert load_checkpoint(out / "last.safetensors")[1]["step"] == bad_step - 1
 
 
