@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -288,8 +289,18 @@ def rollout_checkpoint(config: Any, checkpoint: str | Path, num_steps: int, out:
         raise ValueError(f"expected a shallow_water config for --rollout, got data.name {config.data.name!r}")
     folder = prepare_output_dir(out)
     model, task = load_for_evaluation(config, checkpoint)
+    load_start = os.getloadavg()
     result = rollout(model, task, num_steps, progress=True)
-    report = rollout_json(result, model=config.model.name, checkpoint=str(checkpoint))
+    report = rollout_json(
+        result,
+        model=config.model.name,
+        checkpoint=str(checkpoint),
+        # the machine's state beside the figures, as every benchmark result records it
+        loadavg_start=[round(v, 2) for v in load_start],
+        loadavg_end=[round(v, 2) for v in os.getloadavg()],
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+    )
     (folder / "rollout.json").write_text(json.dumps(report, indent=2))
     plot_rollout(result, folder / "rollout.png", config.model.name)
     print(rollout_table(result))

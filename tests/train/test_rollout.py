@@ -116,6 +116,7 @@ def test_eval_rollout_cli_writes_json_and_png(tiny, tmp_path):
     wanted.add("polar_error_ratio")
     assert all(wanted <= set(step) for step in report["steps"])
     assert len(report["steps"]) == 2 and report["model"] == "so3vit_tiny"
+    assert len(report["loadavg_start"]) == len(report["loadavg_end"]) == 3 and report["threads"] >= 1
     assert (out / "rollout.png").stat().st_size > 10_000
 
 
