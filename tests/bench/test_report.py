@@ -27,3 +27,4 @@ def test_load_and_machine_are_read_wherever_a_result_keeps_them():
     assert report.load_range(data) == "0.7-1.4"
     assert report.machine_of(data) == "torch 2.14; threads 1"
     assert report.load_range(json.loads("{}")) == "not recorded"
+    assert report.load_range([{"load_avg_1min_train": {"mean": 2.0, "max": 3.5}}]) == "2.0-3.5"
