@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from eqvit.bench._interleave import train_interleaved
 from eqvit.bench._paths import config_path, display_path, results_dir
 
 # EDM (Hoogeboom et al. 2022, Table 2), QM9 with hydrogens: published, full budget, not comparable.
@@ -81,22 +82,15 @@ def train_side_by_side(args: argparse.Namespace) -> list[dict[str, Any]]:
         trainer = Trainer(config, progress=False)
         trainer.start()
         runs.append({"frames": frames, "trainer": trainer, "load": [], "begin": time.time()})
-    done: set[int] = set()
-    rounds = 0
-    while len(done) < len(runs):
-        order = [i for i in range(len(runs)) if i not in done]
-        shift = rounds % len(order)
-        for i in order[shift:] + order[:shift]:  # rotating order
-            run = runs[i]
-            run["load"].append(os.getloadavg()[0])
-            if run["trainer"].train_for(args.round_seconds):
-                done.add(i)
-        rounds += 1
+
+    def report(rounds: int) -> None:
         print(
             f"round {rounds}: "
             + ", ".join(f"{r['frames']} {r['trainer'].step} steps {r['trainer'].train_seconds:.0f} s" for r in runs),
             flush=True,
         )
+
+    train_interleaved(runs, args.round_seconds, report)
     for run in runs:
         run["summary"] = run["trainer"].finish()
     return runs

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eqvit.bench._interleave import train_interleaved
 from eqvit.bench._paths import display_path, results_dir
 
 MODELS = {
@@ -95,17 +96,7 @@ def train_side_by_side(args: argparse.Namespace) -> list[dict[str, Any]]:
             trainer = Trainer(_config(args, name, seed), progress=False, write=False)
             trainer.start()
             runs.append({"model": name, "seed": seed, "trainer": trainer, "load": []})
-    done: set[int] = set()
-    rounds = 0
-    while len(done) < len(runs):
-        order = [i for i in range(len(runs)) if i not in done]
-        shift = rounds % len(order)
-        for i in order[shift:] + order[:shift]:  # rotating order
-            run = runs[i]
-            run["load"].append(os.getloadavg()[0])
-            if run["trainer"].train_for(args.round_seconds):
-                done.add(i)
-        rounds += 1
+    train_interleaved(runs, args.round_seconds)
     records = []
     for run in runs:
         trainer = run["trainer"]
