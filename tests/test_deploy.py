@@ -8,18 +8,8 @@ import torch
 from helpers import randomise_
 
 import eqvit
+from eqvit.bench.export import FAMILIES, FORMS  # one model per family, the training and the folded form
 from eqvit.deploy import example_inputs, export_onnx, export_program, relative_error
-
-# One model per family: o2vit on square and hexagonal grids, Platonic on images and point clouds, SO3ViT, QM9.
-FAMILIES = [
-    "o2vit_square_tiny",
-    "o2vit_hex_tiny",
-    "platonic_image_tiny",
-    "platonic_points_tiny",
-    "so3vit_tiny",
-    "platonic_qm9_tiny",
-]
-FORMS = ["train", "folded"]
 
 
 def build(name: str, form: str) -> torch.nn.Module:
