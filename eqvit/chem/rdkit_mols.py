@@ -6,38 +6,24 @@ table (:func:`eqvit.chem.bonds.bond_orders`: single, double, triple) and its coo
 that fragment with the hydrogens made implicit, which uniqueness and novelty compare.
 
 RDKit and PoseBusters are imported on first use: :func:`require_gen` turns their absence into a
-:class:`GenExtraMissingError` (a ValueError, reported by the CLI in one paragraph with exit code 2).
+:class:`~eqvit.utils.MissingExtraError` (a ValueError, reported by the CLI in one paragraph with exit code 2).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 
 from eqvit.chem.bonds import ELEMENTS, bond_orders
+from eqvit.utils import require_extra
 
 GEN_PACKAGES = ("rdkit", "posebusters")
 
 
-class GenExtraMissingError(ValueError, ModuleNotFoundError):
-    """RDKit or PoseBusters is missing (a ValueError, so the CLI reports it in one paragraph, exit code 2)."""
-
-
 def require_gen(what: str = "molecule metrics") -> None:
-    """GenExtraMissingError naming the missing packages unless RDKit and PoseBusters import."""
-    missing = []
-    for name in GEN_PACKAGES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-    if missing:
-        raise GenExtraMissingError(
-            f"{what} need the optional packages {' and '.join(GEN_PACKAGES)} ({', '.join(missing)} not installed): "
-            f"pip install 'eqvit[gen]' (or pip install {' '.join(GEN_PACKAGES)})"
-        )
+    """:class:`~eqvit.utils.MissingExtraError` naming the ``gen`` extra unless RDKit and PoseBusters import."""
+    require_extra("gen", GEN_PACKAGES, what)
 
 
 def _chem():

@@ -4,7 +4,7 @@ Writes into ``DIR``: ``samples.sdf`` and ``samples.xyz`` (every molecule; the SD
 and each molecule's validity and SMILES), ``metrics.json`` (:func:`eqvit.chem.metrics.molecule_metrics`: atom and
 molecule stability, validity, uniqueness, novelty against the training split, PoseBusters pass rates; with the
 sampling settings, the time and the load) and ``molecules.png`` (RDKit depictions of the first valid molecules).
-Needs the ``gen`` extra (RDKit, PoseBusters): without it, a :class:`~eqvit.chem.rdkit_mols.GenExtraMissingError`
+Needs the ``gen`` extra (RDKit, PoseBusters): without it, a :class:`~eqvit.utils.MissingExtraError`
 before anything is loaded.
 """
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from eqvit.chem.bonds import DOUBLE, ELEMENTS, SINGLE, THRESHOLDS, TRIPLE, atom_stability, bond_orders, stability
-from eqvit.chem.rdkit_mols import GenExtraMissingError, require_gen
+from eqvit.chem.rdkit_mols import require_gen
+from eqvit.utils import MissingExtraError
 
 H, C, N, O, F = range(5)
 HAS_GEN = all(importlib.util.find_spec(p) is not None for p in ("rdkit", "posebusters"))
@@ -155,11 +156,11 @@ def test_missing_gen_extra_is_one_paragraph(monkeypatch, capsys):
     from eqvit.cli import main
 
     monkeypatch.setitem(sys.modules, "rdkit", None)  # `import rdkit` now raises ImportError
-    with pytest.raises(GenExtraMissingError, match=r"eqvit\[gen\]"):
+    with pytest.raises(MissingExtraError, match=r"eqvit\[gen\]"):
         require_gen()
     code = main(["sample", "configs/dip_qm9.yaml", "--checkpoint", "missing.safetensors", "--out", "x"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("eqvit: error: eqvit sample need") and "pip install 'eqvit[gen]'" in err and "rdkit" in err
+    assert err.startswith("eqvit: error: eqvit sample need") and 'pip install "eqvit[gen]"' in err and "rdkit" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert ELEMENTS == ("H", "C", "N", "O", "F")
