@@ -9,7 +9,6 @@ in-process from inside a step (deterministic), and once to a real ``eqvit train`
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import random
@@ -24,6 +23,7 @@ import pytest
 import torch
 from helpers import ROOT, cli
 
+from eqvit.bench.kill_resume import differences
 from eqvit.train import checkpoint as ckpt_module
 from eqvit.train import engine
 from eqvit.train.checkpoint import load_checkpoint
@@ -44,22 +44,10 @@ def uninterrupted(tmp_path_factory, cache_dir):
     return folder / "out"
 
 
-def weights(out: Path) -> dict[str, torch.Tensor]:
-    tensors, _ = load_checkpoint(out / "last.safetensors")
-    return {k: v for k, v in tensors.items() if k.startswith(("model.", "optim."))}
-
-
-def losses(out: Path) -> list[tuple[int, float]]:
-    with open(out / "history.csv") as fh:
-        return [(int(row["step"]), float(row["loss"])) for row in csv.DictReader(fh)]
-
-
 def assert_bit_identical(a: Path, b: Path) -> None:
-    assert losses(a) == losses(b)
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    differ = [k for k in wa if not torch.equal(wa[k], wb[k])]
-    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+    """The same losses (history.csv) and the same model and optimiser tensors (last.safetensors), bit for bit."""
+    differ = differences(a, b)
+    assert not differ, differ
 
 
 def signal_at_loss_call(monkeypatch, signum: int, call: int) -> None:

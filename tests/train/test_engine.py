@@ -5,18 +5,18 @@ Every test trains ``so3vit_tiny`` (642 vertices, 240 tokens) for a few steps on 
 
 from __future__ import annotations
 
-import csv
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 from helpers import ROOT
+
+from eqvit.bench.kill_resume import losses
 
 TINY = {
     "model": {"name": "so3vit_tiny", "kwargs": {"residual": True}},
@@ -42,11 +42,6 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
-
-
-def losses(out: Path) -> list[tuple[int, float]]:
-    with open(out / "history.csv") as fh:
-        return [(int(row["step"]), float(row["loss"])) for row in csv.DictReader(fh)]
 
 
 def assert_same_curve(a, b):
