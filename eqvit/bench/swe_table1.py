@@ -35,6 +35,8 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,25 @@ class LoadSampler:
         self._thread.join()
 
 
+@contextmanager
+def measured(threads: int) -> Iterator[dict[str, Any]]:
+    """A record, filled when the work inside ends, of its wall time, threads, load (at the start, at the end and
+    every minute), date and machine."""
+    record: dict[str, Any] = {}
+    load_start, begin = os.getloadavg(), time.perf_counter()
+    with LoadSampler() as load:
+        yield record
+    record.update(
+        wall_s=time.perf_counter() - begin,
+        threads=threads,
+        loadavg_start=[round(v, 2) for v in load_start],
+        loadavg_end=[round(v, 2) for v in os.getloadavg()],
+        load_1min_every_minute=load.samples,
+        date=time.strftime("%Y-%m-%d"),
+        machine=machine(),
+    )
+
+
 def run_row(
     config_file: Path, max_steps: int | None, max_minutes: float | None, variant: str | None, settings: list[str]
 ) -> tuple[Path, dict]:
@@ -156,19 +177,9 @@ def run_row(
 
     config = with_settings(load_config(config_file), settings)
     out = Path(config.train.out + (f"-{variant}" if variant else ""))
-    load_start, begin = os.getloadavg(), time.perf_counter()
-    with LoadSampler() as load:
+    with measured(config.train.threads) as timing:
         train(config, out, max_steps=max_steps, max_minutes=max_minutes, overwrite=True)
-    timing = {
-        "wall_s": time.perf_counter() - begin,
-        "threads": config.train.threads,
-        "device": config.train.device,
-        "loadavg_start": [round(v, 2) for v in load_start],
-        "loadavg_end": [round(v, 2) for v in os.getloadavg()],
-        "load_1min_every_minute": load.samples,
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": machine(),
-    }
+    timing["device"] = config.train.device
     return out, timing
 
 
@@ -209,9 +220,8 @@ def run_probe(name: str, config_file: Path, steps: int, settings: list[str]) -> 
     config = load_config(config_file)
     config.train.max_steps, config.train.eval_every = steps, 0  # --set may change them (a plateau schedule)
     config = with_settings(config, settings)
-    load_start, begin = os.getloadavg(), time.perf_counter()
-    trainer = Trainer(config, progress=False, write=False)
-    with LoadSampler() as load:
+    with measured(config.train.threads) as timing:
+        trainer = Trainer(config, progress=False, write=False)
         summary = trainer.fit()
     losses = [h["loss"] for h in trainer.history.train[-50:]]
     metrics = summary["metrics"]
@@ -223,13 +233,7 @@ def run_probe(name: str, config_file: Path, steps: int, settings: list[str]) -> 
         "params": summary["params"],
         **{key: metrics[key] for key in ("l1", "l2", "rel_l1", "rel_l2")},
         "train_loss_last_50": sum(losses) / len(losses),
-        "wall_s": time.perf_counter() - begin,
-        "threads": config.train.threads,
-        "loadavg_start": [round(v, 2) for v in load_start],
-        "loadavg_end": [round(v, 2) for v in os.getloadavg()],
-        "load_1min_every_minute": load.samples,
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": machine(),
+        **timing,
     }
 
 
