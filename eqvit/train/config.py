@@ -252,6 +252,9 @@ class TrainConfig:
     autoregressive steps (the model fed its own predictions, gradients through the whole unroll;
     K = 1 is one-step training); ``rollout_schedule`` is a curriculum ``{step: K}`` that sets K from
     that optimiser step on (before its first key K is ``rollout_steps``), e.g. ``{0: 2, 400: 4}``.
+    ``rollout_discount`` γ weights step k of the unroll by γ^(k-1) (normalised to sum to one): 1, the
+    default, averages the K steps; γ < 1 keeps the one-step error in view while later steps, whose
+    errors are larger, would otherwise dominate the loss.
     ``grad_checkpointing`` recomputes each block's activations in backward
     (``model.set_grad_checkpointing()``), so memory grows with K by one block input per step, not by
     every activation of the model (:mod:`eqvit.train.multistep`).
@@ -275,6 +278,7 @@ class TrainConfig:
     monitor: str | None = None  # validation metric (null: the task's; accuracy up, rel_l2 down)
     rollout_steps: int = 1  # K: the loss over K autoregressive steps (1: one-step training)
     rollout_schedule: dict[int, int] = field(default_factory=dict)  # curriculum {from step: K}
+    rollout_discount: float = 1.0  # weight γ^(k-1) of unroll step k (1: the plain mean over K)
     grad_checkpointing: bool = False  # recompute block activations in backward (less memory)
 
     def __post_init__(self) -> None:
@@ -285,6 +289,7 @@ class TrainConfig:
         for step, k in self.rollout_schedule.items():
             check_range(f"train.rollout_schedule key {step!r} (an optimiser step)", step, 0)
             check_range(f"train.rollout_schedule.{step} (rollout steps K)", k, 1)
+        check_range("train.rollout_discount", self.rollout_discount, 0, strict=True)
         check_range("train.max_steps", self.max_steps, 1)
         check_range("train.max_epochs", self.max_epochs, 0, strict=True, optional=True)
         check_range("train.max_minutes", self.max_minutes, 0, strict=True, optional=True)

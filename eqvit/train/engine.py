@@ -835,7 +835,7 @@ class Trainer:
             if steps == 1:
                 loss = self.task.loss(_call(self.network, x).float(), y)
             else:
-                loss = unrolled_loss(self.network, self.task, x, y)
+                loss = unrolled_loss(self.network, self.task, x, y, tcfg.rollout_discount)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         global_loss = loss.detach()

@@ -63,22 +63,28 @@ def check_multistep(cfg: TrainConfig, model: nn.Module, task: Any) -> None:
         )
 
 
-def unrolled_loss(network: nn.Module, task: Any, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean of ``task.loss`` over K autoregressive steps.
+def unrolled_loss(
+    network: nn.Module, task: Any, x: torch.Tensor, targets: torch.Tensor, discount: float = 1.0
+) -> torch.Tensor:
+    """Weighted mean of ``task.loss`` over K autoregressive steps: step k weighs ``discount ** (k - 1)``.
 
     Args:
         network: maps a state ``[B, C, ...]`` to the next one.
         task: gives ``loss(pred, target)`` (a scalar per step).
         x: initial states ``[B, C, ...]``.
         targets: the next K states ``[K, B, C, ...]``.
+        discount: γ > 0; 1 averages the steps, γ < 1 leans towards the first ones.
     """
     if targets.ndim != x.ndim + 1 or tuple(targets.shape[1:]) != tuple(x.shape):
         raise ValueError(
             f"expected targets of shape [K, {', '.join(map(str, x.shape))}] for inputs {list(x.shape)}, "
             f"got {list(targets.shape)}"
         )
+    if not discount > 0:
+        raise ValueError(f"expected a discount > 0, got {discount}")
+    weights = [discount**k for k in range(len(targets))]
     pred, total = x, 0.0
-    for target in targets:
+    for weight, target in zip(weights, targets):
         pred = network(pred)
-        total = total + task.loss(pred.float(), target)
-    return total / len(targets)
+        total = total + weight * task.loss(pred.float(), target)
+    return total / sum(weights)

@@ -77,6 +77,20 @@ def test_gradients_flow_through_the_unroll():
     torch.testing.assert_close(through, model.weight.grad)
 
 
+def test_discount_weights_step_k_by_gamma_to_the_k_minus_one():
+    model, x, targets = _toy()
+    p1 = model(x)
+    p2 = model(p1)
+    p3 = model(p2)
+    by_hand = (_MSE.loss(p1, targets[0]) + 0.5 * _MSE.loss(p2, targets[1]) + 0.25 * _MSE.loss(p3, targets[2])) / 1.75
+    torch.testing.assert_close(unrolled_loss(model, _MSE, x, targets, discount=0.5), by_hand)
+    # a discount of one is the plain mean, and one step ignores the discount
+    torch.testing.assert_close(unrolled_loss(model, _MSE, x, targets, 1.0), unrolled_loss(model, _MSE, x, targets))
+    torch.testing.assert_close(unrolled_loss(model, _MSE, x, targets[:1], 0.3), _MSE.loss(p1, targets[0]))
+    with pytest.raises(ValueError, match=r"expected a discount > 0, got -1"):
+        unrolled_loss(model, _MSE, x, targets, -1)
+
+
 def test_targets_of_the_wrong_shape_are_refused():
     model, x, targets = _toy()
     with pytest.raises(ValueError, match=r"expected targets of shape \[K, 4, 3, 5\].*got \[4, 3, 5\]"):
@@ -106,6 +120,7 @@ def test_curriculum_gives_the_documented_k_per_step():
         ({"rollout_schedule": {10: "two"}}, r"train.rollout_schedule.10: expected an integer, got str 'two'"),
         ({"rollout_schedule": [2, 4]}, r"train.rollout_schedule: expected a mapping, got list"),
         ({"grad_checkpointing": "yes"}, r"train.grad_checkpointing: expected bool, got str 'yes'"),
+        ({"rollout_discount": 0}, r"train.rollout_discount: expected a value > 0, got 0"),
     ],
 )
 def test_bad_multistep_config_is_a_value_error_naming_the_key(tmp_path, train, match):
@@ -196,3 +211,18 @@ def test_multistep_needs_a_task_with_k_step_targets(tmp_path, cache):
     config = load_config(_write(tmp_path, grad_checkpointing=True))
     with pytest.raises(ValueError, match=r"train.grad_checkpointing needs a model with set_grad_checkpointing"):
         Trainer(config, model=nn.Linear(3, 2), task=task, progress=False, write=False)
+
+
+def test_trainer_passes_the_discount_to_the_unrolled_loss(tmp_path, cache, monkeypatch):
+    import eqvit.train.engine as engine
+
+    seen = []
+
+    def recording(network, task, x, targets, discount=1.0):
+        seen.append((len(targets), discount))
+        return unrolled_loss(network, task, x, targets, discount)
+
+    monkeypatch.setattr(engine, "unrolled_loss", recording)
+    path = _write(tmp_path, max_steps=2, rollout_steps=2, rollout_discount=0.5)
+    engine.Trainer(load_config(path), out_dir=tmp_path / "run", progress=False, write=False).fit()
+    assert seen == [(2, 0.5), (2, 0.5)]
