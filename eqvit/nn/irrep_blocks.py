@@ -16,40 +16,7 @@ from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, check_num_classes
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
-from eqvit.nn.schur import rows_in, rows_out
-
-
-def rows_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
-    """Whether :func:`rows_mlp` takes these layers: Schur linears (``plan`` and ``slab_weights``) around a
-    strided :class:`FourierActivation` whose hidden slabs are whole coefficient rows."""
-    if not (hasattr(fc1, "plan") and hasattr(fc2, "plan") and getattr(act, "strided", False)):
-        return False
-    n = act.in_type.dim // act.slab_inverse.shape[0]
-    out_starts, start = [], 0
-    for _, width in fc1.plan.terms:
-        out_starts.append((start, width))
-        start += width
-    in_slabs = zip(fc2.plan.in_offsets, fc2.plan.in_sizes)
-    return all(a % n == 0 and w % n == 0 for a, w in [*out_starts, *in_slabs])
-
-
-def rows_mlp(
-    fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor, hidden_drop: nn.Module | None = None
-) -> torch.Tensor:
-    """``fc2(FT drop(sigma(FT^-1 fc1(x))))`` with the hidden features as coefficient rows ``[s, T, n]``
-    (:func:`~eqvit.nn.schur.rows_out`): the transform to the values on the orbits and back is one
-    ``[s, s] @ [s, T n]`` GEMM each way, not a small matmul per token. ``hidden_drop`` (a dropout, or None)
-    acts on the values, where a plain MLP drops its hidden activations. ``x [..., in] -> [..., out]``."""
-    to_values, from_values = act.slab_inverse, act.slab_forward
-    s = to_values.shape[0]
-    n = act.in_type.dim // s
-    flat = x.reshape(-1, x.shape[-1])
-    rows = rows_out(flat, fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
-    values = act.act(torch.mm(to_values, rows.flatten(1)))  # sigma on the orbits' points
-    if hidden_drop is not None:  # an argument of the call, fixed by each caller's construction
-        values = hidden_drop(values)
-    rows = torch.mm(from_values, values).view(s, -1, n)
-    return rows_in(rows, fc2.plan, *fc2.slab_weights()).view(*x.shape[:-1], fc2.plan.out_dim)
+from eqvit.nn.rows_mlp import activation_kind, rows_mlp, rows_mlp_applies, rows_mlp_lean
 
 
 class IrrepMlp(nn.Module):
@@ -57,7 +24,8 @@ class IrrepMlp(nn.Module):
 
     Three forwards, chosen at construction. With ``components``-layout types (Schur linears) and a strided
     Fourier nonlinearity (copies of one homogeneous space) the hidden features are coefficient rows
-    (:func:`rows_mlp`); with other Schur layouts it is ``fc2(act(fc1(x)))``, the transforms one small
+    (:func:`rows_mlp`; :func:`rows_mlp_lean` when ``sigma`` is one whose derivative it knows, keeping half the
+    hidden activations for backward); with other Schur layouts it is ``fc2(act(fc1(x)))``, the transforms one small
     ``[|X_s|, |X_s|]`` matmul per token and orbit around the GELU (:class:`FourierActivation`).
     Otherwise it folds the Fourier transforms into the linear maps (:meth:`FourierActivation.fold_into_linears`):
     ``W1' = FT^-1 W1``, ``W2' = W2 FT``, exactly a dense MLP of hidden width |X| with the pointwise
@@ -75,7 +43,8 @@ class IrrepMlp(nn.Module):
         # (:func:`rows_mlp`), else the plain chain; otherwise the folded dense MLP.
         self.schur = self.fc1.schur and self.fc2.schur
         rows = self.schur and rows_mlp_applies(self.fc1, activation, self.fc2)
-        self._impl = (_rows_mlp if rows else _schur_mlp) if self.schur else _folded_mlp
+        lean = rows and activation_kind(activation.act) is not None  # sigma' known: one hidden tensor saved
+        self._impl = ((_lean_rows_mlp if lean else _rows_mlp) if rows else _schur_mlp) if self.schur else _folded_mlp
 
     def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """``(W1' [|X|, dim], b1', W2' [dim, |X|], b2)`` of the dense MLP on values over X."""
@@ -117,6 +86,10 @@ def _schur_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
 
 def _rows_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
     return rows_mlp(m.fc1, m.act, m.fc2, x)
+
+
+def _lean_rows_mlp(m: IrrepMlp, x: torch.Tensor) -> torch.Tensor:
+    return rows_mlp_lean(m.fc1, m.act, m.fc2, x)
 
 
 def irrep_block(

@@ -25,7 +25,7 @@ from eqvit.nn.activation import FourierActivation
 from eqvit.nn.attention import qk_norms
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
-from eqvit.nn.irrep_blocks import rows_mlp
+from eqvit.nn.rows_mlp import activation_kind, rows_mlp, rows_mlp_lean
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, FeatureGather, check_num_classes
 from eqvit.nn.posenc.base import PositionalScheme
@@ -254,7 +254,7 @@ class PlatonicMlp(nn.Module):
 
     With ``basis="fourier"`` the features are Fourier coefficients: the group convolutions are Schur
     linears, and the GELU runs on the hidden frames, reached through coefficient rows (one ``[|G|, |G|]``
-    GEMM each way, :func:`~eqvit.nn.irrep_blocks.rows_mlp`). The same parameters and function in both bases.
+    GEMM each way, :func:`~eqvit.nn.rows_mlp.rows_mlp`). The same parameters and function in both bases.
     """
 
     def __init__(
@@ -279,7 +279,9 @@ class PlatonicMlp(nn.Module):
             hidden_basis = RegularBasis(group, hidden)
             self.act = FourierActivation(hidden_basis.ftype, hidden_basis.basis, nn.GELU())
         self.drop = nn.Dropout(drop)
-        self._impl = _frames_mlp if basis == "frames" else _fourier_mlp
+        # Without hidden dropout the Fourier form keeps one hidden tensor for backward (rows_mlp_lean).
+        lean = basis == "fourier" and drop == 0 and activation_kind(self.act.act) is not None
+        self._impl = _frames_mlp if basis == "frames" else (_lean_fourier_mlp if lean else _fourier_mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._impl(self, x)
@@ -291,6 +293,10 @@ def _frames_mlp(m: PlatonicMlp, x: torch.Tensor) -> torch.Tensor:
 
 def _fourier_mlp(m: PlatonicMlp, x: torch.Tensor) -> torch.Tensor:
     return m.drop(rows_mlp(m.fc1, m.act, m.fc2, x, m.drop))  # the hidden dropout on the frames' values
+
+
+def _lean_fourier_mlp(m: PlatonicMlp, x: torch.Tensor) -> torch.Tensor:
+    return rows_mlp_lean(m.fc1, m.act, m.fc2, x)
 
 
 def platonic_block(

@@ -14,7 +14,8 @@ import eqvit
 from eqvit.groups import get_group
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.folded import FoldedSchurLinear
-from eqvit.nn.irrep_blocks import IrrepMlp, _rows_mlp, _schur_mlp, rows_mlp_applies
+from eqvit.nn.irrep_blocks import IrrepMlp, _lean_rows_mlp, _rows_mlp, _schur_mlp
+from eqvit.nn.rows_mlp import rows_mlp_applies
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.schur import apply_slabs, rows_in, rows_out, slab_plan
@@ -77,47 +78,87 @@ def test_rows_are_the_output_cut_into_rows(group):
 @pytest.mark.parametrize("group", ["D4", "C4", "D6", "D2"])
 def test_rows_mlp_is_the_chain(group):
     mlp = _mlp(group)
-    assert mlp._impl is _rows_mlp
+    assert mlp._impl is _lean_rows_mlp  # GELU: the lean form
     x = torch.randn(2, 7, mlp.in_type.dim, dtype=torch.float64)
     with torch.no_grad():
-        expected, got = _schur_mlp(mlp, x), mlp(x)
-        torch.testing.assert_close(got, mlp.forward_reference(x), rtol=0, atol=1e-11)
-        assert (got - expected).abs().max() <= 1e-12 * expected.abs().max()
-        assert mlp(x[:0]).shape == (0, 7, mlp.in_type.dim)
+        expected = _schur_mlp(mlp, x)
+        for impl in (_rows_mlp, _lean_rows_mlp):
+            got = impl(mlp, x)
+            torch.testing.assert_close(got, mlp.forward_reference(x), rtol=0, atol=1e-11)
+            assert (got - expected).abs().max() <= 1e-12 * expected.abs().max()
+            assert impl(mlp, x[:0]).shape == (0, 7, mlp.in_type.dim)
 
 
 def test_rows_mlp_with_another_nonlinearity_and_when_it_does_not_apply():
-    mlp = _mlp(act=nn.SiLU())
-    x = torch.randn(3, 5, mlp.in_type.dim, dtype=torch.float64)
-    with torch.no_grad():
-        torch.testing.assert_close(mlp(x), _schur_mlp(mlp, x), rtol=0, atol=1e-12)
+    for act, impl in ((nn.SiLU(), _lean_rows_mlp), (nn.GELU("tanh"), _lean_rows_mlp), (nn.Tanh(), _rows_mlp)):
+        mlp = _mlp(act=act)
+        assert mlp._impl is impl  # tanh: no derivative known to the lean form, the autograd chain
+        x = torch.randn(3, 5, mlp.in_type.dim, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(mlp(x), _schur_mlp(mlp, x), rtol=0, atol=1e-12)
     mlp.act.strided = False  # values not stored as strided copies: the row form would mix them
     assert not rows_mlp_applies(mlp.fc1, mlp.act, mlp.fc2)
 
 
 @pytest.mark.parametrize("group", ["D4", "C4", "D6"])
-def test_rows_mlp_gradients_match_the_chain(group):
-    mlp = _mlp(group)
+@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU("tanh"), nn.SiLU(), nn.ReLU()], ids=str)
+def test_rows_mlp_gradients_match_the_chain(group, act):
+    mlp = _mlp(group, act=act)
     x = torch.randn(2, 5, mlp.in_type.dim, dtype=torch.float64, requires_grad=True)
     grads = {}
-    for impl in (_schur_mlp, _rows_mlp):
+    for impl in (_schur_mlp, _rows_mlp, _lean_rows_mlp):
         mlp.zero_grad(set_to_none=True)
         x.grad = None
         out = impl(mlp, x)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
         grads[impl] = [x.grad.clone()] + [p.grad.clone() for p in mlp.parameters()]
-    for a, b in zip(grads[_schur_mlp], grads[_rows_mlp]):
-        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
-    torch.autograd.gradcheck(lambda t: _rows_mlp(mlp, t), (x[:1, :2].detach().requires_grad_(),))
+    for impl in (_rows_mlp, _lean_rows_mlp):
+        for a, b in zip(grads[_schur_mlp], grads[impl]):
+            torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+    params = tuple(mlp.parameters())
+    for impl in (_rows_mlp, _lean_rows_mlp):
+        torch.autograd.gradcheck(lambda t, *_: impl(mlp, t), (x[:1, :2].detach().requires_grad_(), *params))
 
 
-def test_rows_mlp_under_autocast():
+def test_lean_rows_mlp_keeps_one_hidden_tensor_for_backward():
+    """The lean form saves the pre-activation values, where the chain saves them and the activated rows:
+    one hidden-sized tensor fewer."""
+    mlp = _mlp("D4", copies=4, hidden_copies=16).float()
+    x = torch.randn(4, 50, mlp.in_type.dim, requires_grad=True)
+
+    def saved_bytes(impl) -> int:
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            impl(mlp, x)
+        storages.pop(x.untyped_storage().data_ptr(), None)
+        return sum(storages.values())
+
+    hidden = 4 * 50 * mlp.act.in_type.dim * 4
+    chain, lean = saved_bytes(_rows_mlp), saved_bytes(_lean_rows_mlp)
+    assert chain - lean >= 0.95 * hidden and lean < 1.6 * hidden
+
+
+@pytest.mark.parametrize("impl", [_rows_mlp, _lean_rows_mlp], ids=["chain", "lean"])
+def test_rows_mlp_under_autocast(impl):
+    """bf16 autocast: float32 gradients close to float32's (the lean backward runs under the forward's
+    autocast state)."""
     mlp = _mlp("D4").float()
     x = torch.randn(2, 5, mlp.in_type.dim, requires_grad=True)
+    _schur_mlp(mlp, x).sum().backward()
+    reference = [t.grad.clone() for t in (x, *mlp.parameters())]
+    mlp.zero_grad(set_to_none=True)
+    x.grad = None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = mlp(x)
+        out = impl(mlp, x)
     out.float().sum().backward()
     assert x.grad.dtype == torch.float32 and all(p.grad.dtype == torch.float32 for p in mlp.parameters())
+    for got, want in zip((x.grad, *(p.grad for p in mlp.parameters())), reference):
+        assert (got - want).abs().max() <= 0.05 * want.abs().max()
     with torch.no_grad():
         assert (out.float() - _schur_mlp(mlp, x)).abs().max() <= 0.05 * out.float().abs().max()
 

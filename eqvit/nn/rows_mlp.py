@@ -1,0 +1,170 @@
+"""The Fourier MLP with its hidden features as coefficient rows, and its memory-lean training form.
+
+``fc2(FT sigma(FT^-1 fc1(x)))`` with Schur linears around a strided :class:`~eqvit.nn.activation.FourierActivation`
+(the hidden MLP of the O(2) models and of the Platonic models in the Fourier basis). The hidden features are
+held as *rows* ``[s, T, n]`` (:func:`~eqvit.nn.schur.rows_out`), so each change of basis is one ``[s, s]`` GEMM.
+
+Under autograd the plain chain keeps two hidden-sized tensors per block for backward: the pre-activation values
+(for ``sigma'``) and the activated coefficients (for ``fc2``'s weight gradient), a quarter of a ViT's
+activation memory each. :func:`rows_mlp_lean` keeps only the pre-activation values, and recomputes ``sigma``
+and the transform back in backward: elementwise work and one thin GEMM, against ``fc2``'s GEMM that recomputing the whole tail (activation checkpointing) would repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from eqvit.nn.schur import SlabPlan, _check_rows, rows_in, rows_out
+
+__all__ = ["activation_kind", "rows_mlp", "rows_mlp_applies", "rows_mlp_lean"]
+
+# sigma and its derivative (``grad, pre-activation -> grad of the pre-activation``), by name.
+_ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
+    "gelu": (F.gelu, lambda g, v: torch.ops.aten.gelu_backward(g, v)),
+    "gelu_tanh": (
+        lambda v: F.gelu(v, approximate="tanh"),
+        lambda g, v: torch.ops.aten.gelu_backward(g, v, approximate="tanh"),
+    ),
+    "silu": (F.silu, lambda g, v: torch.ops.aten.silu_backward(g, v)),
+    "relu": (F.relu, lambda g, v: g * (v > 0)),
+}
+
+
+def activation_kind(act: nn.Module) -> str | None:
+    """The name under which :func:`rows_mlp_lean` knows ``act``'s derivative, or None (unknown: the chain)."""
+    if isinstance(act, nn.GELU):
+        return "gelu" if act.approximate == "none" else "gelu_tanh"
+    if isinstance(act, nn.SiLU):
+        return "silu"
+    if isinstance(act, nn.ReLU):
+        return "relu"
+    return None
+
+
+def rows_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
+    """Whether :func:`rows_mlp` takes these layers: Schur linears (``plan`` and ``slab_weights``) around a
+    strided :class:`FourierActivation` whose hidden slabs are whole coefficient rows."""
+    if not (hasattr(fc1, "plan") and hasattr(fc2, "plan") and getattr(act, "strided", False)):
+        return False
+    n = act.in_type.dim // act.slab_inverse.shape[0]
+    out_starts, start = [], 0
+    for _, width in fc1.plan.terms:
+        out_starts.append((start, width))
+        start += width
+    in_slabs = zip(fc2.plan.in_offsets, fc2.plan.in_sizes)
+    return all(a % n == 0 and w % n == 0 for a, w in [*out_starts, *in_slabs])
+
+
+def rows_mlp(
+    fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor, hidden_drop: nn.Module | None = None
+) -> torch.Tensor:
+    """``fc2(FT drop(sigma(FT^-1 fc1(x))))`` with the hidden features as coefficient rows ``[s, T, n]``
+    (:func:`~eqvit.nn.schur.rows_out`): the transform to the values on the orbits and back is one
+    ``[s, s] @ [s, T n]`` GEMM each way, not a small matmul per token. ``hidden_drop`` (a dropout, or None)
+    acts on the values, where a plain MLP drops its hidden activations. ``x [..., in] -> [..., out]``."""
+    to_values, from_values = act.slab_inverse, act.slab_forward
+    s = to_values.shape[0]
+    n = act.in_type.dim // s
+    flat = x.reshape(-1, x.shape[-1])
+    rows = rows_out(flat, fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
+    values = act.act(torch.mm(to_values, rows.flatten(1)))  # sigma on the orbits' points
+    if hidden_drop is not None:  # an argument of the call, fixed by each caller's construction
+        values = hidden_drop(values)
+    rows = torch.mm(from_values, values).view(s, -1, n)
+    return rows_in(rows, fc2.plan, *fc2.slab_weights()).view(*x.shape[:-1], fc2.plan.out_dim)
+
+
+def rows_mlp_lean(fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """:func:`rows_mlp` without hidden dropout, keeping one hidden-sized tensor for backward instead of two
+    (:class:`_ActivatedRowsIn`). Needs ``activation_kind(act.act)``. ``x [..., in] -> [..., out]``."""
+    to_values, from_values = act.slab_inverse, act.slab_forward
+    n = act.in_type.dim // to_values.shape[0]
+    rows = rows_out(x.reshape(-1, x.shape[-1]), fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
+    mats, biases = fc2.slab_weights()
+    weights, index = _distinct([*mats, *biases])
+    y = _ActivatedRowsIn.apply(rows, to_values, from_values, activation_kind(act.act), fc2.plan, index, *weights)
+    return y.view(*x.shape[:-1], fc2.plan.out_dim)
+
+
+def _distinct(tensors: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+    """The distinct tensors of ``tensors`` and where each entry is among them (-1: None). The slabs of one
+    real irrep share its matrix, and ``autograd.Function.apply`` is traced by ``torch.compile`` only when no
+    tensor comes twice."""
+    distinct: list[torch.Tensor] = []
+    index = []
+    for t in tensors:
+        if t is None:
+            index.append(-1)
+            continue
+        k = next((k for k, u in enumerate(distinct) if u is t), len(distinct))
+        if k == len(distinct):
+            distinct.append(t)
+        index.append(k)
+    return distinct, tuple(index)
+
+
+def _activated_rows(values: torch.Tensor, from_values: torch.Tensor, kind: str, n: int) -> torch.Tensor:
+    """Pre-activation values ``[s, T n]`` -> activated coefficient rows ``[s, T, n]``."""
+    return torch.mm(from_values, _ACTIVATIONS[kind][0](values)).view(values.shape[0], -1, n)
+
+
+class _ActivatedRowsIn(torch.autograd.Function):
+    """``rows [s, T, n] -> rows_in(FT sigma(FT^-1 rows), fc2) [T, out]`` with its backward written out: saves
+    the pre-activation values alone and recomputes the activated rows from them (see the module docstring).
+    The backward runs under the forward's autocast state, as ``torch.amp.custom_bwd`` would."""
+
+    @staticmethod
+    def forward(ctx, rows, to_values, from_values, kind: str, plan: SlabPlan, index: tuple[int, ...], *weights):
+        # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
+        terms = len(plan.terms)
+        mats, biases = [[weights[k] if k >= 0 else None for k in index[a : a + terms]] for a in (0, terms)]
+        device = rows.device.type
+        ctx.amp = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        ctx.kind, ctx.plan, ctx.index, ctx.n = kind, plan, index, rows.shape[-1]
+        values = torch.mm(to_values, rows.flatten(1))  # [s, T n]
+        ctx.save_for_backward(values, to_values, from_values, *weights)
+        return rows_in(_activated_rows(values, from_values, kind, rows.shape[-1]), plan, mats, biases)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        values, to_values, from_values, *weights = ctx.saved_tensors
+        plan, index, terms = ctx.plan, ctx.index, len(ctx.plan.terms)
+        needed = ctx.needs_input_grad[6:]
+        grad_weights: list[torch.Tensor | None] = [None] * len(weights)
+
+        def accumulate(k: int, value: torch.Tensor) -> None:
+            grad_weights[k] = value if grad_weights[k] is None else grad_weights[k] + value
+
+        enabled, dtype = ctx.amp
+        with torch.autocast(values.device.type, dtype=dtype, enabled=enabled):
+            n = ctx.n
+            hidden = _activated_rows(values, from_values, ctx.kind, n).unbind(0)
+            grad_hidden: list[torch.Tensor | None] = [None] * len(hidden)  # per row [T, n], stacked below
+            offsets, start = plan.in_offsets, 0
+            for t, (s, width) in enumerate(plan.terms):
+                g = grad[:, start : start + width]
+                start += width
+                m, b = index[t], index[terms + t]
+                if b >= 0 and needed[b]:
+                    accumulate(b, g.sum(0))
+                if s < 0:
+                    continue
+                first, count = offsets[s] // n, _check_rows(offsets[s], plan.in_sizes[s], n)
+                parts = weights[m].split(n, dim=1)
+                for j in range(count):  # mm per row, as autograd would for the forward's matmuls
+                    r = first + j
+                    row_grad = torch.mm(g, parts[j])
+                    grad_hidden[r] = row_grad if grad_hidden[r] is None else grad_hidden[r] + row_grad
+                if needed[m]:
+                    accumulate(m, torch.cat([torch.mm(g.T, hidden[first + j]) for j in range(count)], dim=1))
+            zero = hidden[0].new_zeros(())
+            grad_hidden = torch.stack([zero.expand_as(h) if g is None else g for h, g in zip(hidden, grad_hidden)])
+            grad_values = _ACTIVATIONS[ctx.kind][1](torch.mm(from_values.T, grad_hidden.flatten(1)), values)
+            grad_rows = torch.mm(to_values.T, grad_values).view(grad_hidden.shape)
+        return (grad_rows, None, None, None, None, None, *grad_weights)
