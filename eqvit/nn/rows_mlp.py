@@ -13,6 +13,7 @@ and the transform back in backward: elementwise work and one thin GEMM, against 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -124,7 +125,9 @@ class _ActivatedRowsIn(torch.autograd.Function):
         terms = len(plan.terms)
         mats, biases = [[weights[k] if k >= 0 else None for k in index[a : a + terms]] for a in (0, terms)]
         device = rows.device.type
-        ctx.amp = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        # the autocast dtype to restore in backward, or None (off; or a device without autocast: meta)
+        amp = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        ctx.amp_dtype = torch.get_autocast_dtype(device) if amp else None
         ctx.kind, ctx.plan, ctx.index, ctx.n = kind, plan, index, rows.shape[-1]
         values = torch.mm(to_values, rows.flatten(1))  # [s, T n]
         ctx.save_for_backward(values, to_values, from_values, *weights)
@@ -141,8 +144,8 @@ class _ActivatedRowsIn(torch.autograd.Function):
         def accumulate(k: int, value: torch.Tensor) -> None:
             grad_weights[k] = value if grad_weights[k] is None else grad_weights[k] + value
 
-        enabled, dtype = ctx.amp
-        with torch.autocast(values.device.type, dtype=dtype, enabled=enabled):
+        dtype = ctx.amp_dtype
+        with nullcontext() if dtype is None else torch.autocast(values.device.type, dtype=dtype):
             n = ctx.n
             hidden = _activated_rows(values, from_values, ctx.kind, n).unbind(0)
             grad_hidden: list[torch.Tensor | None] = [None] * len(hidden)  # per row [T, n], stacked below
