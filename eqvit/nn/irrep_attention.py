@@ -38,7 +38,7 @@ from torch import nn
 from eqvit.nn.basis import FrameRotary, HeadBasis, IdentityBasis, NoRotary, permutation_matrix
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
-from eqvit.nn.schur import SlabPlan, apply_slabs, slab_outputs
+from eqvit.nn.schur import SlabPlan, _constant, apply_slabs, slab_outputs
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 
@@ -463,14 +463,40 @@ def schur_attend(
     slabs = slab_outputs(x, plan, mats, biases)
     pieces = [s.unflatten(-1, (3, d, h, c)).transpose(-3, -2).flatten(-2) for s, (d, c) in zip(slabs, slab_heads)]
     qkv = rotary(torch.cat(pieces, dim=-1).flatten(-3), rope, num_prefix_tokens)
-    heads = attend_heads(qkv, groups, sdpa).unflatten(-1, (h, size))
+    heads = attend_heads(qkv, groups, sdpa)
+    lead = heads.shape[:-1]
+    out = project_heads(heads.reshape(-1, h, size), slab_heads, proj.plan, *proj.slab_weights())
+    return out.view(*lead, proj.plan.out_dim)
+
+
+def project_heads(
+    heads: torch.Tensor,
+    slab_heads: Sequence[tuple[int, int]],
+    plan: SlabPlan,
+    mats: Sequence[torch.Tensor | None],
+    biases: Sequence[torch.Tensor | None],
+) -> torch.Tensor:
+    """The projection of coupled heads' outputs ``[T, h, size] -> [T, out]``, read in place.
+
+    Input slab ``t`` of the projection is ``[d_t, h, c_t]`` in storage order, while the heads hold it as
+    ``[h, d_t, c_t]``. Reordering would copy the heads' output, and autograd would keep the copy beside
+    SDPA's own output; instead each output slab sums one matmul per ``(component, head)`` piece, each on a
+    view of the heads (a strided ``[T, c_t]``)."""
     parts = heads.split([d * c for d, c in slab_heads], dim=-1)
-    # Back to storage: [..., h, d, c] -> [..., d, h c], the projection's input slabs.
-    return apply_slabs(
-        [p.unflatten(-1, dc).transpose(-3, -2).flatten(-3) for p, dc in zip(parts, slab_heads)],
-        proj.plan,
-        *proj.slab_weights(),
-    )
+    outs = []
+    for (s, width), w, b in zip(plan.terms, mats, biases):
+        if s < 0:
+            outs.append(_constant(heads, heads.shape[:1], width, b))
+            continue
+        d, c = slab_heads[s]
+        pieces = parts[s].unflatten(-1, (d, c))  # [T, h, d, c]
+        h = pieces.shape[1]
+        cols = w.split(c, dim=1)  # the slab's columns in storage order: component a, head j at a h + j
+        y = F.linear(pieces[:, 0, 0], cols[0], b)
+        for k in range(1, d * h):
+            y = torch.addmm(y, pieces[:, k % h, k // h], cols[k].T)
+        outs.append(y)
+    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
 def _dense_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens: int) -> torch.Tensor:

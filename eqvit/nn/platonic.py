@@ -25,12 +25,12 @@ from eqvit.nn.activation import FourierActivation
 from eqvit.nn.attention import qk_norms
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.init import vit_linear
-from eqvit.nn.rows_mlp import activation_kind, rows_mlp, rows_mlp_lean
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.layers import Block, FeatureGather, check_num_classes
 from eqvit.nn.posenc.base import PositionalScheme
 from eqvit.nn.regular import FourierLayerNorm, GroupConvLinear, RegularBasis, RegularLayerNorm, RegularLayerScale
-from eqvit.nn.schur import rows_in, rows_out
+from eqvit.nn.rows_mlp import activation_kind, rows_mlp, rows_mlp_lean, transformed_rows_in
+from eqvit.nn.schur import rows_out
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 SCORES = ("frames", "invariant")
@@ -245,8 +245,9 @@ class FourierPlatonicAttention(FrameAttention):
         if rope is not None:  # in place: frames is this call's own tensor
             qk = rope.rotate_qk_frames_(qk, num_prefix_tokens)
         heads = self._attend(qk[:, :, :, 0], qk[:, :, :, 1], frames[:, :, :, 2], self.sdpa)  # [G, B, N, H, D]
-        back = torch.mm(buffers["from_frames"], heads.reshape(G, B * N * C)).view(G, B * N, C)
-        return self.proj_drop(rows_in(back, proj.plan, *proj.slab_weights()).view(B, N, dim))
+        # Back to rows and the projection, keeping only the heads (SDPA's own output) for backward.
+        out = transformed_rows_in(heads.reshape(G, B * N * C), buffers["from_frames"], proj, C)
+        return self.proj_drop(out.view(B, N, dim))
 
 
 class PlatonicMlp(nn.Module):

@@ -7,7 +7,8 @@ held as *rows* ``[s, T, n]`` (:func:`~eqvit.nn.schur.rows_out`), so each change 
 Under autograd the plain chain keeps two hidden-sized tensors per block for backward: the pre-activation values
 (for ``sigma'``) and the activated coefficients (for ``fc2``'s weight gradient), a quarter of a ViT's
 activation memory each. :func:`rows_mlp_lean` keeps only the pre-activation values, and recomputes ``sigma``
-and the transform back in backward: elementwise work and one thin GEMM, against ``fc2``'s GEMM that recomputing the whole tail (activation checkpointing) would repeat.
+and the transform back in backward: elementwise work and one thin GEMM, against ``fc2``'s GEMM that
+recomputing the whole tail (activation checkpointing) would repeat.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from torch.autograd.function import once_differentiable
 
 from eqvit.nn.schur import SlabPlan, _check_rows, rows_in, rows_out
 
-__all__ = ["activation_kind", "rows_mlp", "rows_mlp_applies", "rows_mlp_lean"]
+__all__ = ["activation_kind", "rows_mlp", "rows_mlp_applies", "rows_mlp_lean", "transformed_rows_in"]
 
 # sigma and its derivative (``grad, pre-activation -> grad of the pre-activation``), by name.
 _ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
+    "identity": (lambda v: v, lambda g, v: g),
     "gelu": (F.gelu, lambda g, v: torch.ops.aten.gelu_backward(g, v)),
     "gelu_tanh": (
         lambda v: F.gelu(v, approximate="tanh"),
@@ -82,14 +84,26 @@ def rows_mlp(
 
 def rows_mlp_lean(fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """:func:`rows_mlp` without hidden dropout, keeping one hidden-sized tensor for backward instead of two
-    (:class:`_ActivatedRowsIn`). Needs ``activation_kind(act.act)``. ``x [..., in] -> [..., out]``."""
-    to_values, from_values = act.slab_inverse, act.slab_forward
+    (:func:`transformed_rows_in`). Needs ``activation_kind(act.act)``. ``x [..., in] -> [..., out]``."""
+    to_values = act.slab_inverse
     n = act.in_type.dim // to_values.shape[0]
     rows = rows_out(x.reshape(-1, x.shape[-1]), fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
-    mats, biases = fc2.slab_weights()
-    weights, index = _distinct([*mats, *biases])
-    y = _ActivatedRowsIn.apply(rows, to_values, from_values, activation_kind(act.act), fc2.plan, index, *weights)
+    # a constant matrix times rows: autograd keeps nothing of the rows' size for it
+    values = torch.mm(to_values, rows.flatten(1))
+    y = transformed_rows_in(values, act.slab_forward, fc2, n, activation_kind(act.act))
     return y.view(*x.shape[:-1], fc2.plan.out_dim)
+
+
+def transformed_rows_in(
+    values: torch.Tensor, transform: torch.Tensor, linear: nn.Module, n: int, kind: str = "identity"
+) -> torch.Tensor:
+    """``rows_in(transform @ sigma(values))``: values ``[s, T n]`` -> ``[T, out]``, through a fixed ``[s, s]``
+    change of basis, ``sigma`` named by ``kind`` (:func:`activation_kind`, or ``"identity"``) and the Schur
+    linear ``linear`` reading rows of ``n``. Keeps ``values`` alone for backward (a tensor that the caller
+    often keeps anyway: SDPA's output), recomputing the rest (:class:`_TransformedRowsIn`)."""
+    mats, biases = linear.slab_weights()
+    weights, index = _distinct([*mats, *biases])
+    return _TransformedRowsIn.apply(values, transform, kind, linear.plan, n, index, *weights)
 
 
 def _distinct(tensors: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], tuple[int, ...]]:
@@ -109,34 +123,33 @@ def _distinct(tensors: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], t
     return distinct, tuple(index)
 
 
-def _activated_rows(values: torch.Tensor, from_values: torch.Tensor, kind: str, n: int) -> torch.Tensor:
-    """Pre-activation values ``[s, T n]`` -> activated coefficient rows ``[s, T, n]``."""
-    return torch.mm(from_values, _ACTIVATIONS[kind][0](values)).view(values.shape[0], -1, n)
+def _transformed_rows(values: torch.Tensor, transform: torch.Tensor, kind: str, n: int) -> torch.Tensor:
+    """Values ``[s, T n]`` -> rows ``transform @ sigma(values)`` ``[s, T, n]``."""
+    return torch.mm(transform, _ACTIVATIONS[kind][0](values)).view(values.shape[0], -1, n)
 
 
-class _ActivatedRowsIn(torch.autograd.Function):
-    """``rows [s, T, n] -> rows_in(FT sigma(FT^-1 rows), fc2) [T, out]`` with its backward written out: saves
-    the pre-activation values alone and recomputes the activated rows from them (see the module docstring).
-    The backward runs under the forward's autocast state, as ``torch.amp.custom_bwd`` would."""
+class _TransformedRowsIn(torch.autograd.Function):
+    """:func:`transformed_rows_in` with its backward written out: saves the values alone and recomputes the
+    transformed rows from them (see the module docstring). The backward runs under the forward's autocast
+    state, as ``torch.amp.custom_bwd`` would."""
 
     @staticmethod
-    def forward(ctx, rows, to_values, from_values, kind: str, plan: SlabPlan, index: tuple[int, ...], *weights):
+    def forward(ctx, values, transform, kind: str, plan: SlabPlan, n: int, index: tuple[int, ...], *weights):
         # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
         terms = len(plan.terms)
         mats, biases = [[weights[k] if k >= 0 else None for k in index[a : a + terms]] for a in (0, terms)]
-        device = rows.device.type
+        device = values.device.type
         # the autocast dtype to restore in backward, or None (off; or a device without autocast: meta)
         amp = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
         ctx.amp_dtype = torch.get_autocast_dtype(device) if amp else None
-        ctx.kind, ctx.plan, ctx.index, ctx.n = kind, plan, index, rows.shape[-1]
-        values = torch.mm(to_values, rows.flatten(1))  # [s, T n]
-        ctx.save_for_backward(values, to_values, from_values, *weights)
-        return rows_in(_activated_rows(values, from_values, kind, rows.shape[-1]), plan, mats, biases)
+        ctx.kind, ctx.plan, ctx.index, ctx.n = kind, plan, index, n
+        ctx.save_for_backward(values, transform, *weights)
+        return rows_in(_transformed_rows(values, transform, kind, n), plan, mats, biases)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        values, to_values, from_values, *weights = ctx.saved_tensors
+        values, transform, *weights = ctx.saved_tensors
         plan, index, terms = ctx.plan, ctx.index, len(ctx.plan.terms)
         needed = ctx.needs_input_grad[6:]
         grad_weights: list[torch.Tensor | None] = [None] * len(weights)
@@ -147,7 +160,7 @@ class _ActivatedRowsIn(torch.autograd.Function):
         dtype = ctx.amp_dtype
         with nullcontext() if dtype is None else torch.autocast(values.device.type, dtype=dtype):
             n = ctx.n
-            hidden = _activated_rows(values, from_values, ctx.kind, n).unbind(0)
+            hidden = _transformed_rows(values, transform, ctx.kind, n).unbind(0)
             grad_hidden: list[torch.Tensor | None] = [None] * len(hidden)  # per row [T, n], stacked below
             offsets, start = plan.in_offsets, 0
             for t, (s, width) in enumerate(plan.terms):
@@ -168,6 +181,5 @@ class _ActivatedRowsIn(torch.autograd.Function):
                     accumulate(m, torch.cat([torch.mm(g.T, hidden[first + j]) for j in range(count)], dim=1))
             zero = hidden[0].new_zeros(())
             grad_hidden = torch.stack([zero.expand_as(h) if g is None else g for h, g in zip(hidden, grad_hidden)])
-            grad_values = _ACTIVATIONS[ctx.kind][1](torch.mm(from_values.T, grad_hidden.flatten(1)), values)
-            grad_rows = torch.mm(to_values.T, grad_values).view(grad_hidden.shape)
-        return (grad_rows, None, None, None, None, None, *grad_weights)
+            grad_values = _ACTIVATIONS[ctx.kind][1](torch.mm(transform.T, grad_hidden.flatten(1)), values)
+        return (grad_values, None, None, None, None, None, *grad_weights)

@@ -212,3 +212,31 @@ def test_peer_folder_follows_the_environment_then_the_checkout(monkeypatch, tmp_
     assert _paths.peers_dir() == tmp_path / "shared" / "peers"  # ../shared/peers beside the checkout
     monkeypatch.setattr(_paths, "repo_root", lambda: None)  # a wheel install: no default, the column is skipped
     assert _paths.peers_dir() is None
+
+
+def _saved_units(module: torch.nn.Module, x: torch.Tensor) -> float:
+    """Bytes that autograd keeps for backward (distinct storages other than ``x``'s), in units of ``x``."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    storages.pop(x.untyped_storage().data_ptr(), None)
+    return sum(storages.values()) / (x.numel() * x.element_size())
+
+
+def test_attention_keeps_no_reordered_copy_of_the_heads_for_backward():
+    """q, k, v and SDPA's output are four units of the input's size; the projection reads the heads in
+    place (coupled heads: per-piece matmuls on views; Fourier Platonic: the transform back recomputed), so
+    no fifth unit, a reordered copy of the heads, is kept."""
+    from eqvit.nn.platonic import FourierPlatonicAttention
+
+    G = get_group("D4")
+    V = FeatureType.regular(G, 8, layout="components")
+    frames = FourierPlatonicAttention(G, 16, 2)
+    for attn in (IrrepAttention(V, coupled_heads(V, 2)), frames):
+        x = torch.randn(2, 50, attn.in_type.dim, requires_grad=True)
+        assert 4 <= _saved_units(attn, x) < 5

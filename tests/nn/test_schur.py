@@ -15,9 +15,9 @@ from eqvit.groups import get_group
 from eqvit.nn.activation import FourierActivation, homogeneous_fourier_basis
 from eqvit.nn.folded import FoldedSchurLinear
 from eqvit.nn.irrep_blocks import IrrepMlp, _lean_rows_mlp, _rows_mlp, _schur_mlp
-from eqvit.nn.rows_mlp import rows_mlp_applies
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
+from eqvit.nn.rows_mlp import rows_mlp_applies
 from eqvit.nn.schur import apply_slabs, rows_in, rows_out, slab_plan
 from eqvit.testing import EquivarianceError, assert_equivariant
 
@@ -115,9 +115,9 @@ def test_rows_mlp_gradients_match_the_chain(group, act):
     for impl in (_rows_mlp, _lean_rows_mlp):
         for a, b in zip(grads[_schur_mlp], grads[impl]):
             torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
-    params = tuple(mlp.parameters())
+    params = tuple(mlp.parameters())  # perturbed in place by gradcheck: the parameters' gradients too
     for impl in (_rows_mlp, _lean_rows_mlp):
-        torch.autograd.gradcheck(lambda t, *_: impl(mlp, t), (x[:1, :2].detach().requires_grad_(), *params))
+        torch.autograd.gradcheck(lambda t, *_, f=impl: f(mlp, t), (x[:1, :2].detach().requires_grad_(), *params))
 
 
 def test_lean_rows_mlp_keeps_one_hidden_tensor_for_backward():
@@ -186,3 +186,30 @@ def test_folded_mlp_is_equivariant_and_a_broken_one_fails():
         folded.act.slab_inverse[0, 1] += 0.3  # no longer the Fourier transform: the GELU sees mixed values
     with pytest.raises(EquivarianceError):
         assert_equivariant(folded)
+
+
+@pytest.mark.parametrize("kind", ["identity", "gelu", "silu"])
+def test_transformed_rows_in_is_rows_in_of_the_transform_with_its_gradients(kind):
+    from eqvit.nn.rows_mlp import _ACTIVATIONS, transformed_rows_in
+
+    V = FeatureType.regular(get_group("D4"), 4, layout="components")
+    lin = randomise_(IrrepLinear(V, V)).double()
+    n, s = 4, V.dim // 4
+    transform = torch.randn(s, s, dtype=torch.float64)
+    values = torch.randn(s, 6 * n, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, V.dim, dtype=torch.float64)
+
+    def reference(v):
+        rows = torch.mm(transform, _ACTIVATIONS[kind][0](v)).view(s, -1, n)
+        return rows_in(rows, lin.plan, *lin.slab_weights())
+
+    expected = reference(values)
+    (expected * weight).sum().backward()
+    grads = [t.grad.clone() for t in (values, *lin.parameters())]
+    values.grad = None
+    lin.zero_grad(set_to_none=True)
+    got = transformed_rows_in(values, transform, lin, n, kind)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    (got * weight).sum().backward()
+    for a, b in zip(grads, (values.grad, *(p.grad for p in lin.parameters()))):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
