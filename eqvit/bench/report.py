@@ -653,9 +653,20 @@ SECTIONS = (
         "configs/so3vit_swe_multistep_4x128.yaml --checkpoint runs/swe_multistep/so3vit_4x128/last.safetensors "
         "--rollout 24 --out benchmarks/results/swe_multistep",
         "The Table 1 model fine-tuned on the loss over K autoregressive hours (train.rollout_steps, "
-        "train.rollout_schedule: K = 2, 4, 6), then rolled out as above.",
+        "train.rollout_schedule: K = 2, 4, 6), hour k weighted 0.5^(k-1) (train.rollout_discount), then rolled "
+        "out as above.",
         _swe_rollout_leads,
         plot="swe_multistep/rollout.png",
+    ),
+    Section(
+        "Shallow water: 24-hour rollout after multi-step fine-tuning with equal weights",
+        "swe_multistep/discount1/rollout.json",
+        "eqvit train configs/so3vit_swe_multistep_4x128.yaml with train.rollout_discount: 1 and train.out: "
+        "runs/swe_multistep_gamma1/so3vit_4x128, then eqvit eval on runs/swe_multistep_gamma1/so3vit_4x128/"
+        "last.safetensors --rollout 24 --out benchmarks/results/swe_multistep/discount1",
+        "As above with the K hours weighted equally (the plain mean): the late hours' larger errors dominate the "
+        "loss, and the first hour's error grows.",
+        _swe_rollout_leads,
     ),
     Section(
         "DiP: molecule generation on QM9 (the Platonic seed's Tables 3 and 4)",
