@@ -34,11 +34,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from eqvit.nn.basis import FrameRotary, HeadBasis, IdentityBasis, NoRotary, permutation_matrix
 from eqvit.nn.irrep_features import FeatureType
 from eqvit.nn.linear import IrrepLinear
-from eqvit.nn.schur import SlabPlan, _constant, apply_slabs, slab_outputs
+from eqvit.nn.schur import (
+    SlabPlan,
+    apply_slabs,
+    autocast_as,
+    autocast_dtype,
+    distinct_weights,
+    slab_linear_grads,
+    slab_outputs,
+)
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
 
@@ -476,27 +485,56 @@ def project_heads(
     mats: Sequence[torch.Tensor | None],
     biases: Sequence[torch.Tensor | None],
 ) -> torch.Tensor:
-    """The projection of coupled heads' outputs ``[T, h, size] -> [T, out]``, read in place.
+    """The projection of coupled heads' outputs ``[T, h, size] -> [T, out]``.
 
     Input slab ``t`` of the projection is ``[d_t, h, c_t]`` in storage order, while the heads hold it as
-    ``[h, d_t, c_t]``. Reordering would copy the heads' output, and autograd would keep the copy beside
-    SDPA's own output; instead each output slab sums one matmul per ``(component, head)`` piece, each on a
-    view of the heads (a strided ``[T, c_t]``)."""
+    ``[h, d_t, c_t]``: the slabs are a reordered copy of the heads. Autograd would keep that copy beside SDPA's
+    own output; :class:`_ProjectHeads` keeps the heads alone and reorders them again in backward."""
+    weights, index = distinct_weights([*mats, *biases])
+    return _ProjectHeads.apply(heads, tuple(slab_heads), plan, index, *weights)
+
+
+def _head_slabs(heads: torch.Tensor, slab_heads: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+    """Heads ``[T, h, size]`` -> the projection's input slabs ``[T, d h c]`` (storage order ``[d, h, c]``)."""
     parts = heads.split([d * c for d, c in slab_heads], dim=-1)
-    outs = []
-    for (s, width), w, b in zip(plan.terms, mats, biases):
-        if s < 0:
-            outs.append(_constant(heads, heads.shape[:1], width, b))
-            continue
-        d, c = slab_heads[s]
-        pieces = parts[s].unflatten(-1, (d, c))  # [T, h, d, c]
-        h = pieces.shape[1]
-        cols = w.split(c, dim=1)  # the slab's columns in storage order: component a, head j at a h + j
-        y = F.linear(pieces[:, 0, 0], cols[0], b)
-        for k in range(1, d * h):
-            y = torch.addmm(y, pieces[:, k % h, k // h], cols[k].T)
-        outs.append(y)
-    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+    return [p.unflatten(-1, dc).transpose(-3, -2).flatten(-3) for p, dc in zip(parts, slab_heads)]
+
+
+class _ProjectHeads(torch.autograd.Function):
+    """:func:`project_heads` with its backward written out: saves the heads (SDPA's output, kept for SDPA's
+    own backward anyway) instead of their reordered copy, which it rebuilds in backward (one copy). The
+    backward runs under the forward's autocast state, as ``torch.amp.custom_bwd`` would."""
+
+    @staticmethod
+    def forward(ctx, heads, slab_heads, plan: SlabPlan, index: tuple[int, ...], *weights):
+        # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
+        terms = len(plan.terms)
+        mats, biases = [[weights[k] if k >= 0 else None for k in index[a : a + terms]] for a in (0, terms)]
+        ctx.amp_dtype = autocast_dtype(heads.device.type)
+        ctx.slab_heads, ctx.plan, ctx.index = slab_heads, plan, index
+        ctx.save_for_backward(heads, *weights)
+        return apply_slabs(_head_slabs(heads, slab_heads), plan, mats, biases)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        heads, *weights = ctx.saved_tensors
+        slab_heads, h = ctx.slab_heads, heads.shape[1]
+        with autocast_as(heads.device.type, ctx.amp_dtype):
+            slabs = _head_slabs(heads, slab_heads)
+            grad_weights, grad_slabs = slab_linear_grads(
+                grad, ctx.plan, ctx.index, weights, ctx.needs_input_grad[4:], lambda s: slabs[s : s + 1]
+            )
+            # back to the heads' order: slab [T, d h c] as [T, d, h, c] -> [T, h, d c]
+            pieces = [
+                (grad_slabs[s][0] if s in grad_slabs else heads.new_zeros(()).expand(len(heads), d * h * c))
+                .unflatten(-1, (d, h, c))
+                .transpose(-3, -2)
+                .flatten(-2)
+                for s, (d, c) in enumerate(slab_heads)
+            ]
+            grad_heads = torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0].contiguous()
+        return (grad_heads, None, None, None, *grad_weights)
 
 
 def _dense_attention(m: IrrepAttention, x: torch.Tensor, rope, num_prefix_tokens: int) -> torch.Tensor:

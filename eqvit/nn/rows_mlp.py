@@ -14,14 +14,22 @@ recomputing the whole tail (activation checkpointing) would repeat.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from eqvit.nn.schur import SlabPlan, _check_rows, rows_in, rows_out
+from eqvit.nn.schur import (
+    SlabPlan,
+    _check_rows,
+    autocast_as,
+    autocast_dtype,
+    distinct_weights,
+    rows_in,
+    rows_out,
+    slab_linear_grads,
+)
 
 __all__ = ["activation_kind", "rows_mlp", "rows_mlp_applies", "rows_mlp_lean", "transformed_rows_in"]
 
@@ -102,25 +110,8 @@ def transformed_rows_in(
     linear ``linear`` reading rows of ``n``. Keeps ``values`` alone for backward (a tensor that the caller
     often keeps anyway: SDPA's output), recomputing the rest (:class:`_TransformedRowsIn`)."""
     mats, biases = linear.slab_weights()
-    weights, index = _distinct([*mats, *biases])
+    weights, index = distinct_weights([*mats, *biases])
     return _TransformedRowsIn.apply(values, transform, kind, linear.plan, n, index, *weights)
-
-
-def _distinct(tensors: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], tuple[int, ...]]:
-    """The distinct tensors of ``tensors`` and where each entry is among them (-1: None). The slabs of one
-    real irrep share its matrix, and ``autograd.Function.apply`` is traced by ``torch.compile`` only when no
-    tensor comes twice."""
-    distinct: list[torch.Tensor] = []
-    index = []
-    for t in tensors:
-        if t is None:
-            index.append(-1)
-            continue
-        k = next((k for k, u in enumerate(distinct) if u is t), len(distinct))
-        if k == len(distinct):
-            distinct.append(t)
-        index.append(k)
-    return distinct, tuple(index)
 
 
 def _transformed_rows(values: torch.Tensor, transform: torch.Tensor, kind: str, n: int) -> torch.Tensor:
@@ -138,10 +129,7 @@ class _TransformedRowsIn(torch.autograd.Function):
         # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
         terms = len(plan.terms)
         mats, biases = [[weights[k] if k >= 0 else None for k in index[a : a + terms]] for a in (0, terms)]
-        device = values.device.type
-        # the autocast dtype to restore in backward, or None (off; or a device without autocast: meta)
-        amp = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
-        ctx.amp_dtype = torch.get_autocast_dtype(device) if amp else None
+        ctx.amp_dtype = autocast_dtype(values.device.type)
         ctx.kind, ctx.plan, ctx.index, ctx.n = kind, plan, index, n
         ctx.save_for_backward(values, transform, *weights)
         return rows_in(_transformed_rows(values, transform, kind, n), plan, mats, biases)
@@ -150,36 +138,22 @@ class _TransformedRowsIn(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         values, transform, *weights = ctx.saved_tensors
-        plan, index, terms = ctx.plan, ctx.index, len(ctx.plan.terms)
-        needed = ctx.needs_input_grad[6:]
-        grad_weights: list[torch.Tensor | None] = [None] * len(weights)
-
-        def accumulate(k: int, value: torch.Tensor) -> None:
-            grad_weights[k] = value if grad_weights[k] is None else grad_weights[k] + value
-
-        dtype = ctx.amp_dtype
-        with nullcontext() if dtype is None else torch.autocast(values.device.type, dtype=dtype):
-            n = ctx.n
+        plan, n = ctx.plan, ctx.n
+        with autocast_as(values.device.type, ctx.amp_dtype):
             hidden = _transformed_rows(values, transform, ctx.kind, n).unbind(0)
-            grad_hidden: list[torch.Tensor | None] = [None] * len(hidden)  # per row [T, n], stacked below
-            offsets, start = plan.in_offsets, 0
-            for t, (s, width) in enumerate(plan.terms):
-                g = grad[:, start : start + width]
-                start += width
-                m, b = index[t], index[terms + t]
-                if b >= 0 and needed[b]:
-                    accumulate(b, g.sum(0))
-                if s < 0:
-                    continue
-                first, count = offsets[s] // n, _check_rows(offsets[s], plan.in_sizes[s], n)
-                parts = weights[m].split(n, dim=1)
-                for j in range(count):  # mm per row, as autograd would for the forward's matmuls
-                    r = first + j
-                    row_grad = torch.mm(g, parts[j])
-                    grad_hidden[r] = row_grad if grad_hidden[r] is None else grad_hidden[r] + row_grad
-                if needed[m]:
-                    accumulate(m, torch.cat([torch.mm(g.T, hidden[first + j]) for j in range(count)], dim=1))
+            offsets = plan.in_offsets
+
+            def rows_of(s: int) -> tuple[torch.Tensor, ...]:
+                first = offsets[s] // n
+                return hidden[first : first + _check_rows(offsets[s], plan.in_sizes[s], n)]
+
+            grad_weights, grad_slabs = slab_linear_grads(
+                grad, plan, ctx.index, weights, ctx.needs_input_grad[6:], rows_of
+            )
+            grad_rows = [None] * len(hidden)
+            for s, row_grads in grad_slabs.items():
+                grad_rows[offsets[s] // n : offsets[s] // n + len(row_grads)] = row_grads
             zero = hidden[0].new_zeros(())
-            grad_hidden = torch.stack([zero.expand_as(h) if g is None else g for h, g in zip(hidden, grad_hidden)])
+            grad_hidden = torch.stack([zero.expand_as(h) if g is None else g for h, g in zip(hidden, grad_rows)])
             grad_values = _ACTIVATIONS[ctx.kind][1](torch.mm(transform.T, grad_hidden.flatten(1)), values)
         return (grad_values, None, None, None, None, None, *grad_weights)

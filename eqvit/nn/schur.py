@@ -19,7 +19,8 @@ matrices and biases (``slab_weights()``) for one of the three products here, all
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple
 
 import torch
@@ -166,3 +167,71 @@ def rows_in(
             y = torch.addmm(y, row_list[first + j], parts[j].T)
         outs.append(y)
     return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+
+
+def distinct_weights(tensors: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+    """The distinct tensors of ``tensors`` and where each entry is among them (-1: None). The slabs of one
+    real irrep share its matrix, and ``autograd.Function.apply`` is traced by ``torch.compile`` only when no
+    tensor comes twice."""
+    distinct: list[torch.Tensor] = []
+    index = []
+    for t in tensors:
+        if t is None:
+            index.append(-1)
+            continue
+        k = next((k for k, u in enumerate(distinct) if u is t), len(distinct))
+        if k == len(distinct):
+            distinct.append(t)
+        index.append(k)
+    return distinct, tuple(index)
+
+
+def slab_linear_grads(
+    grad: torch.Tensor,
+    plan: SlabPlan,
+    index: tuple[int, ...],
+    weights: Sequence[torch.Tensor],
+    needed: Sequence[bool],
+    pieces_of: Callable[[int], Sequence[torch.Tensor]],
+) -> tuple[list[torch.Tensor | None], dict[int, list[torch.Tensor]]]:
+    """The backward of a Schur linear for autograd Functions that rebuild its input: ``grad [T, out]`` ->
+    ``(gradients of the distinct weights, {input slab: gradients of its pieces})``.
+
+    ``weights`` and ``index`` are :func:`distinct_weights` of the slab matrices then biases; ``needed`` says
+    which weights need a gradient; ``pieces_of(s)`` gives input slab ``s`` as side-by-side pieces ``[T, k]``
+    (the slab's matrix is split by columns alike): rows of a row layout, or the whole slab."""
+    terms = len(plan.terms)
+    grad_weights: list[torch.Tensor | None] = [None] * len(weights)
+    grad_pieces: dict[int, list[torch.Tensor]] = {}
+
+    def accumulate(k: int, value: torch.Tensor) -> None:
+        grad_weights[k] = value if grad_weights[k] is None else grad_weights[k] + value
+
+    start = 0
+    for t, (s, width) in enumerate(plan.terms):
+        g = grad[:, start : start + width]
+        start += width
+        m, b = index[t], index[terms + t]
+        if b >= 0 and needed[b]:
+            accumulate(b, g.sum(0))
+        if s < 0:
+            continue
+        pieces = pieces_of(s)
+        cols = weights[m].split([p.shape[-1] for p in pieces], dim=1)
+        if needed[m]:
+            accumulate(m, torch.cat([g.T @ p for p in pieces], dim=1) if len(pieces) > 1 else g.T @ pieces[0])
+        grads = [g @ c for c in cols]
+        grad_pieces[s] = grads if s not in grad_pieces else [a + u for a, u in zip(grad_pieces[s], grads)]
+    return grad_weights, grad_pieces
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in force on ``device_type``, or None (off, or a device without autocast: meta)."""
+    on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    return torch.get_autocast_dtype(device_type) if on else None
+
+
+def autocast_as(device_type: str, dtype: torch.dtype | None) -> AbstractContextManager:
+    """Autocast to ``dtype`` (None: no autocast): a Function's backward restoring its forward's state, as
+    ``torch.amp.custom_bwd`` does for one device type."""
+    return nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)

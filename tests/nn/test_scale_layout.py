@@ -240,3 +240,26 @@ def test_attention_keeps_no_reordered_copy_of_the_heads_for_backward():
     for attn in (IrrepAttention(V, coupled_heads(V, 2)), frames):
         x = torch.randn(2, 50, attn.in_type.dim, requires_grad=True)
         assert 4 <= _saved_units(attn, x) < 5
+
+
+@pytest.mark.parametrize("group", ["D4", "C4", "D6"])
+def test_coupled_heads_projection_gradients_match_the_dense_form(group):
+    """The coupled-heads projection's hand-written backward (project_heads) against autograd through the
+    dense stacked weights, biases included."""
+    G = get_group(group)
+    V = FeatureType.regular(G, 4, layout="components")
+    attn = IrrepAttention(V, coupled_heads(V, 2)).double()
+    assert attn.slab_heads is not None
+    with torch.no_grad():
+        for lin in (attn.q, attn.k, attn.v, attn.proj):
+            lin.bias.normal_()
+    x = torch.randn(2, 5, V.dim, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 5, V.dim, dtype=torch.float64)
+    grads = []
+    for forward in (attn, lambda t: attn.attend(t, *attn.stacked_weights())):
+        x.grad = None
+        attn.zero_grad(set_to_none=True)
+        (forward(x) * weight).sum().backward()
+        grads.append([x.grad.clone()] + [p.grad.clone() for p in attn.parameters()])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
