@@ -523,8 +523,9 @@ class _ProjectHeads(torch.autograd.Function):
         with autocast_as(heads.device.type, ctx.amp_dtype):
             slabs = _head_slabs(heads, slab_heads)
             grad_weights, grad_slabs = slab_linear_grads(
-                grad, ctx.plan, ctx.index, weights, ctx.needs_input_grad[4:], lambda s: slabs[s : s + 1]
+                grad, ctx.plan, ctx.index, weights, ctx.needs_input_grad[4:], [[slab] for slab in slabs]
             )
+            slabs = None  # free the copy before the gradient's (peak memory; `del` would stop torch.compile)
             # back to the heads' order: slab [T, d h c] as [T, d, h, c] -> [T, h, d c]
             pieces = [
                 (grad_slabs[s][0] if s in grad_slabs else heads.new_zeros(()).expand(len(heads), d * h * c))

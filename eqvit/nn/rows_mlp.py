@@ -142,18 +142,16 @@ class _TransformedRowsIn(torch.autograd.Function):
         with autocast_as(values.device.type, ctx.amp_dtype):
             hidden = _transformed_rows(values, transform, ctx.kind, n).unbind(0)
             offsets = plan.in_offsets
-
-            def rows_of(s: int) -> tuple[torch.Tensor, ...]:
-                first = offsets[s] // n
-                return hidden[first : first + _check_rows(offsets[s], plan.in_sizes[s], n)]
-
-            grad_weights, grad_slabs = slab_linear_grads(
-                grad, plan, ctx.index, weights, ctx.needs_input_grad[6:], rows_of
-            )
+            firsts = [offset // n for offset in offsets]
+            rows = [hidden[a : a + _check_rows(o, size, n)] for a, o, size in zip(firsts, offsets, plan.in_sizes)]
+            needed = ctx.needs_input_grad[6:]
+            grad_weights, grad_slabs = slab_linear_grads(grad, plan, ctx.index, weights, needed, rows)
             grad_rows = [None] * len(hidden)
             for s, row_grads in grad_slabs.items():
-                grad_rows[offsets[s] // n : offsets[s] // n + len(row_grads)] = row_grads
+                grad_rows[firsts[s] : firsts[s] + len(row_grads)] = row_grads
             zero = hidden[0].new_zeros(())
             grad_hidden = torch.stack([zero.expand_as(h) if g is None else g for h, g in zip(hidden, grad_rows)])
+            # free them before the hidden-sized work below (peak memory); not `del`: torch.compile refuses it here
+            hidden = rows = grad_slabs = grad_rows = None
             grad_values = _ACTIVATIONS[ctx.kind][1](torch.mm(transform.T, grad_hidden.flatten(1)), values)
         return (grad_values, None, None, None, None, None, *grad_weights)

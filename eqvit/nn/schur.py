@@ -19,7 +19,7 @@ matrices and biases (``slab_weights()``) for one of the three products here, all
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple
 
@@ -192,14 +192,14 @@ def slab_linear_grads(
     index: tuple[int, ...],
     weights: Sequence[torch.Tensor],
     needed: Sequence[bool],
-    pieces_of: Callable[[int], Sequence[torch.Tensor]],
+    pieces: Sequence[Sequence[torch.Tensor]],
 ) -> tuple[list[torch.Tensor | None], dict[int, list[torch.Tensor]]]:
     """The backward of a Schur linear for autograd Functions that rebuild its input: ``grad [T, out]`` ->
     ``(gradients of the distinct weights, {input slab: gradients of its pieces})``.
 
     ``weights`` and ``index`` are :func:`distinct_weights` of the slab matrices then biases; ``needed`` says
-    which weights need a gradient; ``pieces_of(s)`` gives input slab ``s`` as side-by-side pieces ``[T, k]``
-    (the slab's matrix is split by columns alike): rows of a row layout, or the whole slab."""
+    which weights need a gradient; ``pieces[s]`` is input slab ``s`` as side-by-side pieces ``[T, k]`` (the
+    slab's matrix is split by columns alike): rows of a row layout, or the whole slab."""
     terms = len(plan.terms)
     grad_weights: list[torch.Tensor | None] = [None] * len(weights)
     grad_pieces: dict[int, list[torch.Tensor]] = {}
@@ -216,10 +216,10 @@ def slab_linear_grads(
             accumulate(b, g.sum(0))
         if s < 0:
             continue
-        pieces = pieces_of(s)
-        cols = weights[m].split([p.shape[-1] for p in pieces], dim=1)
+        inputs = pieces[s]
+        cols = weights[m].split([p.shape[-1] for p in inputs], dim=1)
         if needed[m]:
-            accumulate(m, torch.cat([g.T @ p for p in pieces], dim=1) if len(pieces) > 1 else g.T @ pieces[0])
+            accumulate(m, torch.cat([g.T @ p for p in inputs], dim=1) if len(inputs) > 1 else g.T @ inputs[0])
         grads = [g @ c for c in cols]
         grad_pieces[s] = grads if s not in grad_pieces else [a + u for a, u in zip(grad_pieces[s], grads)]
     return grad_weights, grad_pieces
