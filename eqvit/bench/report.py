@@ -153,7 +153,7 @@ def _scale_speed(d: dict) -> Lines:
             dict(measure="FLOPs / timm", **{n: r["info"][n]["flops_ratio"] for n in names}),
         ]
         for f in r["forward"]:
-            label = f"inference b{f['batch']} (x timm)"
+            label = f"inference b{f['batch']}, {f['threads']} thread{'s' * (f['threads'] > 1)} (x timm)"
             rows.append(dict(measure=label, **{n: f["models"][n]["ratio"] for n in names}))
         if r.get("training"):
             t = r["training"]["models"]
@@ -507,10 +507,10 @@ SECTIONS = (
     Section(
         "ViT-S/B scale: timm, the D4 models, octic-vits",
         "scale_speed.json",
-        "python benchmarks/scale_speed.py --sizes small base --batches 1 8 --threads 1 --rounds 5 --train-rounds 3",
-        "Inference (eqvit.fold) and training step (forward, backward, AdamW; batch 8; training form) as ratios "
-        "to timm's vit_small/base_patch16_224 in interleaved rounds; training memory is the whole iteration's "
-        "peak of tensor memory.",
+        "python benchmarks/scale_speed.py",
+        "Inference (eqvit.fold; batches 1 and 8, 1 and 2 threads, 7 rounds) and training step (forward, backward, "
+        "AdamW; batch 8; training form; 1 thread, 3 rounds) as ratios to timm's vit_small/base_patch16_224 in "
+        "interleaved rounds; training memory is the whole iteration's peak of tensor memory.",
         _scale_speed,
     ),
     Section(
