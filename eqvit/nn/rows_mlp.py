@@ -22,13 +22,13 @@ from torch.autograd.function import once_differentiable
 
 from eqvit.nn.schur import (
     SlabPlan,
-    _check_rows,
     autocast_as,
     autocast_dtype,
     distinct_weights,
     rows_in,
     rows_out,
     slab_linear_grads,
+    slab_rows,
 )
 
 __all__ = ["activation_kind", "rows_mlp", "rows_mlp_applies", "rows_mlp_lean", "transformed_rows_in"]
@@ -143,7 +143,7 @@ class _TransformedRowsIn(torch.autograd.Function):
             hidden = _transformed_rows(values, transform, ctx.kind, n).unbind(0)
             offsets = plan.in_offsets
             firsts = [offset // n for offset in offsets]
-            rows = [hidden[a : a + _check_rows(o, size, n)] for a, o, size in zip(firsts, offsets, plan.in_sizes)]
+            rows = [hidden[a : a + slab_rows(o, size, n)] for a, o, size in zip(firsts, offsets, plan.in_sizes)]
             needed = ctx.needs_input_grad[6:]
             grad_weights, grad_slabs = slab_linear_grads(grad, plan, ctx.index, weights, needed, rows)
             grad_rows = [None] * len(hidden)

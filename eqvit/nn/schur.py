@@ -114,7 +114,8 @@ def apply_slabs(
     return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
-def _check_rows(start: int, width: int, n: int) -> int:
+def slab_rows(start: int, width: int, n: int) -> int:
+    """The number of rows of ``n`` coordinates in the slab ``[start, start + width)`` (ValueError unless whole)."""
     if start % n or width % n:
         raise ValueError(f"expected slabs of whole rows of {n} coordinates, got [{start}, {start + width})")
     return width // n
@@ -137,7 +138,7 @@ def rows_out(
     # would zero-fill a tensor of the whole input's size.
     slabs, rows, start = _slabs(x, plan), [], 0
     for (s, width), w, b in zip(plan.terms, mats, biases):
-        count = _check_rows(start, width, n)
+        count = slab_rows(start, width, n)
         if s < 0:
             rows += [_constant(x, (len(x),), n, bias) for bias in _row_parts(b, n, count)]
         else:
@@ -160,7 +161,7 @@ def rows_in(
         if s < 0:
             outs.append(_constant(rows, (rows.shape[1],), width, b))
             continue
-        first, count = offsets[s] // n, _check_rows(offsets[s], plan.in_sizes[s], n)
+        first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
         parts = w.split(n, dim=1)
         y = F.linear(row_list[first], parts[0], b)
         for j in range(1, count):
