@@ -1,8 +1,9 @@
 """Fixtures of the command-line tests: a shared shallow-water cache, the tiny run config, a finished run,
-and a guard that fails a test whose error comes after the first training step."""
+a guard that fails a test whose error comes after the first training step, and a deliverable SIGINT."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,19 @@ from helpers import write_config
 
 from eqvit.train import engine
 from eqvit.train.config import load_config
+
+
+@pytest.fixture(autouse=True)
+def deliverable_sigint():
+    """SIGINT as Python sets it up in a terminal. A suite started as a background job (``make test &``)
+    inherits SIGINT ignored, and the CLI rightly keeps an ignored signal ignored; the stop-signal tests
+    send SIGINT and expect it handled."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        yield
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        yield
 
 
 @pytest.fixture(scope="session")
