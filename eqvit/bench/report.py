@@ -671,9 +671,10 @@ SECTIONS = (
     Section(
         "DiP: molecule generation on QM9 (the Platonic seed's Tables 3 and 4)",
         "dip_qm9.json",
-        "python benchmarks/dip_qm9.py --minutes 25 --num 1000",
+        "python benchmarks/dip_qm9.py --runs runs/dip_qm9_bench60",
         "configs/dip_qm9.yaml's denoiser with trivial against tetrahedral frames at the same width, trained side by "
-        "side for the same one-thread step time, then 1,000 molecules each (the same atom counts and noise seed) "
+        "side for the same one-thread step time (60 minutes each, the default), then 1,000 molecules each (the "
+        "same atom counts and noise seed) "
         "scored with EDM's atom and molecule stability, RDKit validity, uniqueness and novelty, and PoseBusters' "
         "molecule checks (pb all: every check passed). EDM's published figures (a GPU and 3,000 epochs) are "
         "context, not a comparison.",
