@@ -47,6 +47,7 @@ from eqvit.nn.schur import (
     distinct_weights,
     slab_linear_grads,
     slab_outputs,
+    weights_at,
 )
 from eqvit.nn.sdpa import ScaledDotProductAttention
 
@@ -508,8 +509,7 @@ class _ProjectHeads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, heads, slab_heads, plan: SlabPlan, index: tuple[int, ...], *weights):
         # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
-        terms = len(plan.terms)
-        mats, biases = [[weights[k] if k >= 0 else None for k in index[a : a + terms]] for a in (0, terms)]
+        mats, biases = weights_at(weights, index, len(plan.terms))
         ctx.amp_dtype = autocast_dtype(heads.device.type)
         ctx.slab_heads, ctx.plan, ctx.index = slab_heads, plan, index
         ctx.save_for_backward(heads, *weights)

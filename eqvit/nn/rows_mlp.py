@@ -29,6 +29,7 @@ from eqvit.nn.schur import (
     rows_out,
     slab_linear_grads,
     slab_rows,
+    weights_at,
 )
 
 __all__ = ["activation_kind", "rows_mlp", "rows_mlp_applies", "rows_mlp_lean", "transformed_rows_in"]
@@ -78,28 +79,30 @@ def rows_mlp(
     (:func:`~eqvit.nn.schur.rows_out`): the transform to the values on the orbits and back is one
     ``[s, s] @ [s, T n]`` GEMM each way, not a small matmul per token. ``hidden_drop`` (a dropout, or None)
     acts on the values, where a plain MLP drops its hidden activations. ``x [..., in] -> [..., out]``."""
-    to_values, from_values = act.slab_inverse, act.slab_forward
-    s = to_values.shape[0]
-    n = act.in_type.dim // s
-    flat = x.reshape(-1, x.shape[-1])
-    rows = rows_out(flat, fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
-    values = act.act(torch.mm(to_values, rows.flatten(1)))  # sigma on the orbits' points
+    values, n = _pre_activation(fc1, act, x)
+    values = act.act(values)  # sigma on the orbits' points
     if hidden_drop is not None:  # an argument of the call, fixed by each caller's construction
         values = hidden_drop(values)
-    rows = torch.mm(from_values, values).view(s, -1, n)
+    rows = torch.mm(act.slab_forward, values).view(len(values), -1, n)
     return rows_in(rows, fc2.plan, *fc2.slab_weights()).view(*x.shape[:-1], fc2.plan.out_dim)
 
 
 def rows_mlp_lean(fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """:func:`rows_mlp` without hidden dropout, keeping one hidden-sized tensor for backward instead of two
     (:func:`transformed_rows_in`). Needs ``activation_kind(act.act)``. ``x [..., in] -> [..., out]``."""
-    to_values = act.slab_inverse
-    n = act.in_type.dim // to_values.shape[0]
-    rows = rows_out(x.reshape(-1, x.shape[-1]), fc1.plan, *fc1.slab_weights(), n)  # [s, T, n]
-    # a constant matrix times rows: autograd keeps nothing of the rows' size for it
-    values = torch.mm(to_values, rows.flatten(1))
+    values, n = _pre_activation(fc1, act, x)
     y = transformed_rows_in(values, act.slab_forward, fc2, n, activation_kind(act.act))
     return y.view(*x.shape[:-1], fc2.plan.out_dim)
+
+
+def _pre_activation(fc1: nn.Module, act: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x [..., in]`` -> (the hidden features' values on the orbits before sigma ``[s, T n]``, the row width
+    ``n``): ``fc1`` into coefficient rows ``[s, T, n]``, then one ``[s, s]`` GEMM (a constant matrix: autograd
+    keeps nothing of the rows' size for it)."""
+    to_values = act.slab_inverse
+    n = act.in_type.dim // to_values.shape[0]
+    rows = rows_out(x.reshape(-1, x.shape[-1]), fc1.plan, *fc1.slab_weights(), n)
+    return torch.mm(to_values, rows.flatten(1)), n
 
 
 def transformed_rows_in(
@@ -127,8 +130,7 @@ class _TransformedRowsIn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values, transform, kind: str, plan: SlabPlan, n: int, index: tuple[int, ...], *weights):
         # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
-        terms = len(plan.terms)
-        mats, biases = [[weights[k] if k >= 0 else None for k in index[a : a + terms]] for a in (0, terms)]
+        mats, biases = weights_at(weights, index, len(plan.terms))
         ctx.amp_dtype = autocast_dtype(values.device.type)
         ctx.kind, ctx.plan, ctx.index, ctx.n = kind, plan, index, n
         ctx.save_for_backward(values, transform, *weights)

@@ -187,6 +187,14 @@ def distinct_weights(tensors: list[torch.Tensor | None]) -> tuple[list[torch.Ten
     return distinct, tuple(index)
 
 
+def weights_at(
+    distinct: Sequence[torch.Tensor], index: tuple[int, ...], terms: int
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """The inverse of :func:`distinct_weights` for ``terms`` output slabs: ``(matrices, biases)`` per slab."""
+    entries = [distinct[k] if k >= 0 else None for k in index]
+    return entries[:terms], entries[terms:]
+
+
 def slab_linear_grads(
     grad: torch.Tensor,
     plan: SlabPlan,
