@@ -159,6 +159,17 @@ def _scale_speed(d: dict) -> Lines:
             t = r["training"]["models"]
             rows.append(dict(measure="training step b8 (x timm)", **{n: t[n]["ratio"] for n in names}))
             rows.append(dict(measure="training memory (x timm)", **{n: t[n]["training_memory_ratio"] for n in names}))
+            compiled = r["training"].get("compiled")
+            if compiled:
+                c = compiled["models"]
+                rows.append(
+                    dict(
+                        measure="training step b8, torch.compile (x compiled timm)",
+                        **{n: c[n].get("ratio", "did not compile") for n in names},
+                    )
+                )
+                first = {n: c[n].get("first_call_s", "") for n in names}
+                rows.append(dict(measure="compile + first step (s)", **first))
         lines += [f"ViT-{size[0].upper()}/16:", "", *table(rows, [("", "measure"), *[(n, n) for n in names]]), ""]
     return lines
 
@@ -507,7 +518,7 @@ SECTIONS = (
     Section(
         "ViT-S/B scale: timm, the D4 models, octic-vits",
         "scale_speed.json",
-        "python benchmarks/scale_speed.py",
+        "python benchmarks/scale_speed.py --compile-train",
         "Inference (eqvit.fold; batches 1 and 8, 1 and 2 threads, 7 rounds) and training step (forward, backward, "
         "AdamW; batch 8; training form; 1 thread, 3 rounds) as ratios to timm's vit_small/base_patch16_224 in "
         "interleaved rounds; training memory is the whole iteration's peak of tensor memory.",

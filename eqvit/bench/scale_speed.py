@@ -30,8 +30,8 @@ and AdamW state, which live across steps, plus the peak of forward, backward and
 :func:`training_memory_mb`). ``os.getloadavg()`` is recorded before and after each measurement.
 
 Usage: ``python benchmarks/scale_speed.py [--sizes small base] [--batches 1 8] [--threads 1 2]
-[--rounds N] [--models eqvit_d4 platonic_d4 octic] [--profile] [--quick]`` (``--models``: the rows timed
-beside timm; ``--profile``: the top operators by self time of the folded D4 forward at each batch, 1
+[--rounds N] [--models eqvit_d4 platonic_d4 octic] [--compile-train] [--profile] [--quick]`` (``--models``: the
+rows timed beside timm; ``--profile``: the top operators by self time of the folded D4 forward at each batch, 1
 thread); ``--quick`` is a smoke run (depth 2, 64^2 images, batch 1, 1 thread, 2 rounds) for CI.
 Writes ``benchmarks/results/scale_speed.json`` (``--out``) and prints a table.
 """
@@ -173,6 +173,31 @@ def train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> Calla
     return step
 
 
+def compiled_training(
+    models: dict[str, nn.Module], x: torch.Tensor, target: torch.Tensor, rounds: int
+) -> dict[str, dict]:
+    """The training step of every model under ``torch.compile`` (Inductor, the default mode), interleaved like
+    the eager steps, ratio to compiled timm; ``first_call_s`` is the first step (compilation included). A
+    model that does not compile gets its error instead of times."""
+    steps, first, failed = {}, {}, {}
+    for name, model in models.items():
+        step = train_step(torch.compile(model), x, target)
+        start = time.perf_counter()
+        try:
+            step()
+        except Exception as err:  # a peer's code may not compile; the table says why
+            failed[name] = dict(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            continue
+        first[name], steps[name] = time.perf_counter() - start, step
+    if "timm" not in steps:
+        raise RuntimeError(f"timm's training step did not compile: {failed['timm']['error']}")
+    load0 = os.getloadavg()[0]
+    summary = summarise(interleaved(steps, rounds))
+    for name in steps:
+        summary[name]["first_call_s"] = first[name]
+    return dict(load=[load0, os.getloadavg()[0]], models={**summary, **failed})
+
+
 def tensor_mb(tensors) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
@@ -266,6 +291,9 @@ def run(args: argparse.Namespace) -> dict:
             for n, step in steps.items():
                 training["models"][n]["peak_allocated_mb"] = peak_allocated_mb(step)
                 training["models"][n]["training_memory_mb"] = training_memory_mb(built[n][0], xb, target)
+            if args.compile_train:
+                forms = {n: m for n, (m, _) in built.items()}
+                training["compiled"] = compiled_training(forms, xb, target, args.train_rounds)
             timm_alloc = training["models"]["timm"]["peak_allocated_mb"]
             timm_total = training["models"]["timm"]["training_memory_mb"]
             for n in steps:
@@ -321,6 +349,18 @@ def table(result: dict) -> str:
                     for m in (t["models"][n] for n in names)
                 )
             )
+            compiled = t.get("compiled")
+            if compiled is not None:
+                timed = compiled["models"]
+                cells = "".join(
+                    f"{timed[n]['ratio']:13.3f}x" if "ratio" in timed[n] else "failed".rjust(14) for n in names
+                )
+                lines.append(f"{'compiled train (load ' + format(compiled['load'][0], '.1f') + ')':28s}{cells}")
+                lines.append(
+                    f"{'compile + first step s':28s}"
+                    + "".join(f"{compiled['models'][n].get('first_call_s', float('nan')):14.0f}" for n in names)
+                )
+                lines += [f"  {n} did not compile: {m['error']}" for n, m in compiled["models"].items() if "error" in m]
         for label, rows in r.get("profiles", {}).items():
             lines.append(f"\nprofile, folded {label}, 1 thread (self ms per forward, share):")
             lines += [
@@ -342,6 +382,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-rounds", type=int, default=3)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--no-train", action="store_true", help="skip the training step")
+    parser.add_argument(
+        "--compile-train", action="store_true", help="also time the training step under torch.compile (minutes)"
+    )
     parser.add_argument("--profile", action="store_true", help="top operators of the folded eqvit_d4 forward")
     parser.add_argument(
         "--models", nargs="+", default=list(MODELS[1:]), choices=MODELS[1:], help="rows beside timm (always timed)"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
@@ -200,6 +201,25 @@ def test_scale_speed_quick(tmp_path, capsys):
     assert profile and all(row["self_ms"] >= 0 for row in profile) and sum(row["share"] for row in profile) <= 1.0001
     printed = capsys.readouterr().out
     assert "skipped octic" in printed and "FLOPs / timm" in printed and "profile, folded eqvit_d4 b=1" in printed
+
+
+def test_compiled_training_times_every_model_and_records_one_that_fails():
+    from eqvit.bench.scale_speed import compiled_training
+
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("not this model")
+
+    models = {"timm": nn.Linear(8, 4), "eqvit_d4": nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))}
+    out = compiled_training({**models, "broken": Broken()}, torch.randn(2, 8), torch.tensor([0, 3]), rounds=1)
+    timed = out["models"]
+    assert timed["timm"]["ratio"] == 1.0 and timed["eqvit_d4"]["ratio"] > 0
+    assert timed["timm"]["first_call_s"] > 0 and timed["eqvit_d4"]["first_call_s"] > 0
+    assert "not this model" in timed["broken"]["error"] and "ratio" not in timed["broken"]
 
 
 def test_peer_folder_follows_the_environment_then_the_checkout(monkeypatch, tmp_path):
