@@ -633,7 +633,8 @@ SECTIONS = (
     Section(
         "Shallow water: the SO(3)-RoPE seed's Table 1 at its budget",
         "swe_table1.json",
-        "python benchmarks/swe_table1.py --rows so3vit_4x128 (so3vit_4x256 with --max-minutes 170)",
+        "python benchmarks/swe_table1.py --rows so3vit_4x128 (so3vit_4x256 with --max-minutes 170; the lr3e-3 row with "
+        "--variant lr3e-3 --set optim.lr=3e-3)",
         "The seed's protocol (its Sec. 4.1): 100 epochs of 256 fresh simulations at batch 16 (1,600 Adam steps, "
         "cosine schedule), scored after the last step on 50 validation simulations. l1 / l2 are the seed's "
         "metrics (torch-harmonics' L1LossS2 / L2LossS2: the spherical mean absolute and root-mean-square error of "
