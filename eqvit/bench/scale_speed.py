@@ -103,18 +103,21 @@ def build_octic(pkg, size: str, depth: int, img_size: int) -> nn.Module:
     return model
 
 
-def build(name: str, size: str, depth: int, img_size: int, octic_pkg) -> tuple[nn.Module, nn.Module]:
-    """``(training form, timed inference form)`` of model ``name`` at ``size``."""
+def training_form(name: str, size: str, depth: int, img_size: int, octic_pkg) -> nn.Module:
+    """Model ``name`` at ``size`` as users train it."""
     over = {} if depth == 12 and img_size == 224 else dict(depth=depth, img_size=img_size)
     if name == "timm":
-        model = timm.create_model(f"vit_{size}_patch16_224", **over)
-        return model, model
+        return timm.create_model(f"vit_{size}_patch16_224", **over)
     if name == "octic":
-        model = build_octic(octic_pkg, size, depth, img_size)
-        return model, model
+        return build_octic(octic_pkg, size, depth, img_size)
     family = {"eqvit_d4": "o2vit_d4", "platonic_d4": "platonic_d4"}[name]
-    model = eqvit.create_model(f"{family}_{size}_patch16_224", **over)
-    return model, eqvit.fold(model)
+    return eqvit.create_model(f"{family}_{size}_patch16_224", **over)
+
+
+def build(name: str, size: str, depth: int, img_size: int, octic_pkg) -> tuple[nn.Module, nn.Module]:
+    """``(training form, timed inference form)`` of model ``name`` at ``size``: the eqvit models folded."""
+    model = training_form(name, size, depth, img_size, octic_pkg)
+    return model, (model if name in ("timm", "octic") else eqvit.fold(model))
 
 
 # ----------------------------------------------------------------------------------------- measures
@@ -305,12 +308,12 @@ def run(args: argparse.Namespace) -> dict:
                 profiles[f"eqvit_d4 b={batch}"] = profile_forward(built["eqvit_d4"][1], x)
         out["sizes"][size] = dict(info=info, forward=forward, training=training, profiles=profiles)
         del built
-    if args.compile_train and not args.no_train:
+    if args.compile_train:
         # after every eager measurement: in one run the eager ViT-B forwards at batch 8 timed after the ViT-S
         # compilation were a quarter slower than in a fresh process; each size's compiled caches are reset
         for size in args.sizes:
             torch.manual_seed(0)
-            forms = {n: build(n, size, args.depth, args.img_size, octic_pkg)[0].train() for n in names}
+            forms = {n: training_form(n, size, args.depth, args.img_size, octic_pkg).train() for n in names}
             xb = torch.randn(args.train_batch, 3, args.img_size, args.img_size)
             target = torch.randint(0, 1000, (args.train_batch,))
             out["sizes"][size]["training"]["compiled"] = compiled_training(forms, xb, target, args.train_rounds)
@@ -366,9 +369,9 @@ def table(result: dict) -> str:
                 lines.append(f"{'compiled train (load ' + format(compiled['load'][0], '.1f') + ')':28s}{cells}")
                 lines.append(
                     f"{'compile + first step s':28s}"
-                    + "".join(f"{compiled['models'][n].get('first_call_s', float('nan')):14.0f}" for n in names)
+                    + "".join(f"{timed[n].get('first_call_s', float('nan')):14.0f}" for n in names)
                 )
-                lines += [f"  {n} did not compile: {m['error']}" for n, m in compiled["models"].items() if "error" in m]
+                lines += [f"  {n} did not compile: {m['error']}" for n, m in timed.items() if "error" in m]
         for label, rows in r.get("profiles", {}).items():
             lines.append(f"\nprofile, folded {label}, 1 thread (self ms per forward, share):")
             lines += [
@@ -407,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.depth, args.img_size, args.batches, args.threads = 2, 64, [1], [1]
         args.rounds, args.train_rounds, args.train_batch = 2, 1, 2
+    if args.compile_train and args.no_train:
+        parser.error("--compile-train times the training step, which --no-train skips: pass one of them")
     if min(args.batches + args.threads + [args.rounds, args.train_rounds, args.train_batch]) < 1:
         parser.error("batches, threads, rounds and the training batch must be positive")
     out = Path(args.out) if args.out else results_dir() / "scale_speed.json"

@@ -222,6 +222,15 @@ def test_compiled_training_times_every_model_and_records_one_that_fails():
     assert "not this model" in timed["broken"]["error"] and "ratio" not in timed["broken"]
 
 
+def test_compile_train_without_the_training_step_is_a_usage_error(tmp_path, capsys):
+    from eqvit.bench.scale_speed import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--compile-train", "--no-train", "--out", str(tmp_path / "never.json")])
+    assert exc.value.code == 2 and "--no-train" in capsys.readouterr().err
+    assert not (tmp_path / "never.json").exists()
+
+
 def test_peer_folder_follows_the_environment_then_the_checkout(monkeypatch, tmp_path):
     from eqvit.bench import _paths
 
