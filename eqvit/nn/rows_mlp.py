@@ -8,7 +8,10 @@ Under autograd the plain chain keeps two hidden-sized tensors per block for back
 (for ``sigma'``) and the activated coefficients (for ``fc2``'s weight gradient), a quarter of a ViT's
 activation memory each. :func:`rows_mlp_lean` keeps only the pre-activation values, and recomputes ``sigma``
 and the transform back in backward: elementwise work and one thin GEMM, against ``fc2``'s GEMM that
-recomputing the whole tail (activation checkpointing) would repeat.
+recomputing the whole tail (activation checkpointing) would repeat. Its backward is memory-bound work on
+hidden-sized tensors, so it runs sigma (or sigma') and the thin transform a block of columns at a time, and
+writes the rows' gradients into one buffer instead of stacking them. The forward stays one op per step, so
+that ``torch.export`` keeps the batch size free.
 """
 
 from __future__ import annotations
@@ -122,6 +125,32 @@ def _transformed_rows(values: torch.Tensor, transform: torch.Tensor, kind: str, 
     return torch.mm(transform, _ACTIVATIONS[kind][0](values)).view(values.shape[0], -1, n)
 
 
+# Columns per block of the blocked elementwise-and-transform passes in backward: a block of s rows stays in
+# cache between sigma (or sigma') and the thin [s, s] GEMM, where the whole tensor would go through memory twice.
+_BLOCK_COLUMNS = 1 << 16
+
+
+def _column_blocks(width: int) -> list[slice]:
+    return [slice(start, start + _BLOCK_COLUMNS) for start in range(0, width, _BLOCK_COLUMNS)]
+
+
+def _transformed_rows_blocked(values: torch.Tensor, transform: torch.Tensor, kind: str, n: int) -> torch.Tensor:
+    """:func:`_transformed_rows` a block of columns at a time (no autograd: a Function's backward)."""
+    act, rows = _ACTIVATIONS[kind][0], torch.empty_like(values)
+    transform = transform.to(values.dtype)  # out= skips autocast: cast as autocast would
+    for cols in _column_blocks(values.shape[1]):
+        torch.mm(transform, act(values[:, cols]), out=rows[:, cols])
+    return rows.view(values.shape[0], -1, n)
+
+
+def _activation_grad_blocked(grad_rows: torch.Tensor, transform: torch.Tensor, values: torch.Tensor, kind: str):
+    """``sigma'(values) * (transform.T @ grad_rows)`` ``[s, T n]``, a block of columns at a time."""
+    grad_of, grad_values = _ACTIVATIONS[kind][1], torch.empty_like(values)
+    for cols in _column_blocks(values.shape[1]):
+        grad_values[:, cols] = grad_of(torch.mm(transform.T, grad_rows[:, cols]), values[:, cols])
+    return grad_values
+
+
 class _TransformedRowsIn(torch.autograd.Function):
     """:func:`transformed_rows_in` with its backward written out: saves the values alone and recomputes the
     transformed rows from them (see the module docstring). The backward runs under the forward's autocast
@@ -142,18 +171,18 @@ class _TransformedRowsIn(torch.autograd.Function):
         values, transform, *weights = ctx.saved_tensors
         plan, n = ctx.plan, ctx.n
         with autocast_as(values.device.type, ctx.amp_dtype):
-            hidden = _transformed_rows(values, transform, ctx.kind, n).unbind(0)
+            hidden = _transformed_rows_blocked(values, transform, ctx.kind, n).unbind(0)
+            grad_hidden = torch.empty_like(values).view(len(hidden), -1, n)  # the rows' gradients, written in place
             offsets = plan.in_offsets
             firsts = [offset // n for offset in offsets]
-            rows = [hidden[a : a + slab_rows(o, size, n)] for a, o, size in zip(firsts, offsets, plan.in_sizes)]
+            counts = [slab_rows(o, size, n) for o, size in zip(offsets, plan.in_sizes)]
+            rows = [hidden[a : a + k] for a, k in zip(firsts, counts)]
+            outs = [grad_hidden[a : a + k].unbind(0) for a, k in zip(firsts, counts)]
             needed = ctx.needs_input_grad[6:]
-            grad_weights, grad_slabs = slab_linear_grads(grad, plan, ctx.index, weights, needed, rows)
-            grad_rows = [None] * len(hidden)
-            for s, row_grads in grad_slabs.items():
-                grad_rows[firsts[s] : firsts[s] + len(row_grads)] = row_grads
-            zero = hidden[0].new_zeros(())
-            grad_hidden = torch.stack([zero.expand_as(h) if g is None else g for h, g in zip(hidden, grad_rows)])
+            grad_weights, written = slab_linear_grads(grad, plan, ctx.index, weights, needed, rows, out=outs)
+            for s in set(range(len(counts))) - set(written):  # slabs no output reads
+                grad_hidden[firsts[s] : firsts[s] + counts[s]].zero_()
             # free them before the hidden-sized work below (peak memory); not `del`: torch.compile refuses it here
-            hidden = rows = grad_slabs = grad_rows = None
-            grad_values = _ACTIVATIONS[ctx.kind][1](torch.mm(transform.T, grad_hidden.flatten(1)), values)
+            hidden = rows = outs = written = None
+            grad_values = _activation_grad_blocked(grad_hidden.flatten(1), transform, values, ctx.kind)
         return (grad_values, None, None, None, None, None, *grad_weights)

@@ -202,13 +202,16 @@ def slab_linear_grads(
     weights: Sequence[torch.Tensor],
     needed: Sequence[bool],
     pieces: Sequence[Sequence[torch.Tensor]],
+    out: Sequence[Sequence[torch.Tensor]] | None = None,
 ) -> tuple[list[torch.Tensor | None], dict[int, list[torch.Tensor]]]:
     """The backward of a Schur linear for autograd Functions that rebuild its input: ``grad [T, out]`` ->
     ``(gradients of the distinct weights, {input slab: gradients of its pieces})``.
 
     ``weights`` and ``index`` are :func:`distinct_weights` of the slab matrices then biases; ``needed`` says
     which weights need a gradient; ``pieces[s]`` is input slab ``s`` as side-by-side pieces ``[T, k]`` (the
-    slab's matrix is split by columns alike): rows of a row layout, or the whole slab."""
+    slab's matrix is split by columns alike): rows of a row layout, or the whole slab. With ``out`` (tensors
+    shaped like ``pieces``, e.g. the rows of one buffer) the pieces' gradients are written there, sparing the
+    caller a copy into its layout; a slab no output reads is left unwritten (absent from the dict)."""
     terms = len(plan.terms)
     grad_weights: list[torch.Tensor | None] = [None] * len(weights)
     grad_pieces: dict[int, list[torch.Tensor]] = {}
@@ -229,8 +232,15 @@ def slab_linear_grads(
         cols = weights[m].split([p.shape[-1] for p in inputs], dim=1)
         if needed[m]:
             accumulate(m, torch.cat([g.T @ p for p in inputs], dim=1) if len(inputs) > 1 else g.T @ inputs[0])
-        grads = [g @ c for c in cols]
-        grad_pieces[s] = grads if s not in grad_pieces else [a + u for a, u in zip(grad_pieces[s], grads)]
+        if out is None:
+            grads = [g @ c for c in cols]
+            grad_pieces[s] = grads if s not in grad_pieces else [a + u for a, u in zip(grad_pieces[s], grads)]
+        else:  # out= skips autocast: the operands in the buffer's dtype, as autocast would cast them
+            first = s not in grad_pieces
+            for target, c in zip(out[s], cols):
+                a, b = g.to(target.dtype), c.to(target.dtype)
+                torch.mm(a, b, out=target) if first else target.addmm_(a, b)
+            grad_pieces[s] = list(out[s])
     return grad_weights, grad_pieces
 
 

@@ -213,3 +213,50 @@ def test_transformed_rows_in_is_rows_in_of_the_transform_with_its_gradients(kind
     (got * weight).sum().backward()
     for a, b in zip(grads, (values.grad, *(p.grad for p in lin.parameters()))):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
+class _HandMadeLinear(nn.Module):
+    """A Schur linear with a given plan (here: an input slab read by two outputs), for the Function's backward."""
+
+    def __init__(self, plan, n: int) -> None:
+        super().__init__()
+        self.plan = plan
+        self.mats = nn.ParameterList([torch.randn(w, plan.in_sizes[s], dtype=torch.float64) for s, w in plan.terms])
+        self.biases = nn.ParameterList([torch.randn(w, dtype=torch.float64) for _, w in plan.terms])
+
+    def slab_weights(self):
+        return list(self.mats), list(self.biases)
+
+
+@pytest.mark.parametrize("case", ["column_blocks", "unread_slab", "slab_read_twice"])
+def test_transformed_rows_in_backward_in_blocks_and_in_place(case, monkeypatch):
+    """The backward works a block of columns at a time and writes the rows' gradients into one buffer: blocks
+    that do not divide the columns, rows no output reads (zero gradient), a slab read twice (accumulated)."""
+    from eqvit.nn import rows_mlp
+    from eqvit.nn.schur import SlabPlan
+
+    n = 3
+    if case == "column_blocks":
+        monkeypatch.setattr(rows_mlp, "_BLOCK_COLUMNS", 5)  # 7 tokens x 3 = 21 columns: blocks of 5, the last 1
+        lin = randomise_(IrrepLinear(*(FeatureType.regular(get_group("D4"), n, layout="components"),) * 2)).double()
+    elif case == "unread_slab":  # the output lacks irreps the input has: their rows get no gradient
+        G = get_group("D4")
+        src = FeatureType(G, [n] * len(G.irreps), layout="components")
+        dst = FeatureType(G, [n * (i % 2) for i in range(len(G.irreps))], layout="components")
+        lin = randomise_(IrrepLinear(src, dst)).double()
+    else:
+        lin = _HandMadeLinear(SlabPlan((2 * n, n), ((0, 4), (0, 2), (1, 5))), n)
+    s = sum(lin.plan.in_sizes) // n
+    transform = torch.randn(s, s, dtype=torch.float64)
+    values = torch.randn(s, 7 * n, dtype=torch.float64, requires_grad=True)
+
+    def reference(v):
+        rows = torch.mm(transform, rows_mlp._ACTIVATIONS["gelu"][0](v)).view(s, -1, n)
+        return rows_in(rows, lin.plan, *lin.slab_weights())
+
+    weight = torch.randn_like(reference(values))
+    grads = torch.autograd.grad((reference(values) * weight).sum(), [values, *lin.parameters()])
+    got = rows_mlp.transformed_rows_in(values, transform, lin, n, "gelu")
+    got_grads = torch.autograd.grad((got * weight).sum(), [values, *lin.parameters()])
+    for a, b in zip(grads, got_grads):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
