@@ -157,7 +157,8 @@ def _scale_speed(d: dict) -> Lines:
             rows.append(dict(measure=label, **{n: f["models"][n]["ratio"] for n in names}))
         if r.get("training"):
             t = r["training"]["models"]
-            rows.append(dict(measure="training step b8 (x timm)", **{n: t[n]["ratio"] for n in names}))
+            label = f"training step b8, {d['meta']['train_rounds']} rounds (x timm)"
+            rows.append(dict(measure=label, **{n: t[n]["ratio"] for n in names}))
             rows.append(dict(measure="training memory (x timm)", **{n: t[n]["training_memory_ratio"] for n in names}))
             compiled = r["training"].get("compiled")
             if compiled:
@@ -200,6 +201,14 @@ def _so3vit_vs_s2(d: dict) -> Lines:
             inference=h["folded_rope_overhead_paired_median"],
         ),
     ]
+    if h.get("compiled"):
+        ratios.append(
+            dict(
+                ratio="torch.compile: over the compiled bare timm blocks",
+                training="-",
+                inference=h["compiled_over_bare_paired_median"],
+            )
+        )
     columns = [("paired median ratio", "ratio"), ("training form", "training"), ("inference form", "inference")]
     return [*table(d["rows"], cols), "", *table(ratios, columns)]
 
@@ -520,7 +529,7 @@ SECTIONS = (
         "scale_speed.json",
         "python benchmarks/scale_speed.py --compile-train",
         "Inference (eqvit.fold; batches 1 and 8, 1 and 2 threads, 7 rounds) and training step (forward, backward, "
-        "AdamW; batch 8; training form; 1 thread, 3 rounds) as ratios to timm's vit_small/base_patch16_224 in "
+        "AdamW; batch 8; training form; 1 thread) as ratios to timm's vit_small/base_patch16_224 in "
         "interleaved rounds; training memory is the whole iteration's peak of tensor memory.",
         _scale_speed,
     ),

@@ -30,9 +30,9 @@ and AdamW state, which live across steps, plus the peak of forward, backward and
 :func:`training_memory_mb`). ``os.getloadavg()`` is recorded before and after each measurement.
 
 Usage: ``python benchmarks/scale_speed.py [--sizes small base] [--batches 1 8] [--threads 1 2]
-[--rounds N] [--models eqvit_d4 platonic_d4 octic] [--compile-train] [--profile] [--quick]`` (``--models``: the
-rows timed beside timm; ``--profile``: the top operators by self time of the folded D4 forward at each batch, 1
-thread); ``--quick`` is a smoke run (depth 2, 64^2 images, batch 1, 1 thread, 2 rounds) for CI.
+[--rounds N] [--train-rounds N] [--models eqvit_d4 platonic_d4 octic] [--compile-train] [--profile] [--quick]``
+(``--models``: the rows timed beside timm; ``--profile``: the top operators by self time of the folded D4
+forward at each batch, 1 thread); ``--quick`` is a smoke run (depth 2, 64^2 images, batch 1, 1 thread, 2 rounds) for CI.
 Writes ``benchmarks/results/scale_speed.json`` (``--out``) and prints a table.
 """
 
@@ -251,7 +251,8 @@ def run(args: argparse.Namespace) -> dict:
     out = dict(
         meta=dict(
             torch=torch.__version__, timm=timm.__version__, python=platform.python_version(), cpu=platform.processor(),
-            quick=args.quick, depth=args.depth, img_size=args.img_size, rounds=args.rounds, skipped=skipped,
+            quick=args.quick, depth=args.depth, img_size=args.img_size, rounds=args.rounds,
+            train_rounds=args.train_rounds, skipped=skipped,
         ),
         sizes={},
     )  # fmt: skip
@@ -390,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved forward rounds")
-    parser.add_argument("--train-rounds", type=int, default=3)
+    # 7: with 3 rounds the per-round ratios of one ViT-S run spread 0.43-0.50 and the median moved between runs
+    parser.add_argument("--train-rounds", type=int, default=7, help="interleaved training-step rounds")
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--no-train", action="store_true", help="skip the training step")
     parser.add_argument(

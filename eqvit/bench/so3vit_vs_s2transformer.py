@@ -20,6 +20,9 @@ plus the cost of SO(3)-RoPE itself (the candidate SO3ViT with ``posenc="so3rope"
 * The candidate's inference form, ``eqvit.fold(candidate)`` (``name[folded]``; ``--no-folded`` skips it),
   timed with the others: every layer's weights derived once (each layer's ``fold()``). The ``folded_*``
   ratios are those of the inference form.
+* ``--compile``: the inference form and the bare blocks also under ``torch.compile(fullgraph=True)``
+  (``name[compiled]``, compiled during the warm-up), timed with the others; ``compiled_over_bare`` is the
+  compiled inference form over the compiled bare blocks.
 * ``--profile``: the candidate's forward split into its stages (latitude encoding, lifting, the
   blocks with and without SO(3)-RoPE, the Wigner rotation alone, final norm + unpatchify), timed
   in interleaved rounds.
@@ -73,9 +76,11 @@ DEFAULT_MODELS = [
     "so3vit_4x512",
 ]
 DEFAULT_OUT = results_dir() / "so3vit_vs_s2transformer.json"
-TARGETS = {"speedup": 8.0, "memory_ratio": 3.0, "rope_overhead": 1.05, "over_bare": 1.05}
+# The overhead targets are issue 35's, for plain PyTorch forms (1.05x held with hand-built kernels, now removed)
+TARGETS = {"speedup": 8.0, "memory_ratio": 3.0, "rope_overhead": 1.10, "over_bare": 1.10}
 NOROPE = "[posenc=none]"  # suffix of the candidate's variant without SO(3)-RoPE
 FOLDED = "[folded]"  # suffix of a model's inference form, eqvit.fold(model)
+COMPILED = "[compiled]"  # suffix of a spec timed as torch.compile(model, fullgraph=True), compiled in the warm-up
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,11 +256,13 @@ def time_forward(
     from tqdm import tqdm
 
     device = torch.device(device)
-    built, inputs, flash = {}, {}, {}
+    built, inputs, flash, plain = {}, {}, {}, {}
     for spec in specs:
         torch.manual_seed(0)
-        built[spec] = build(spec).to(device).eval()
-        inputs[spec] = example_input(built[spec], batch, device)
+        compiled = spec.endswith(COMPILED)
+        plain[spec] = build(spec.removesuffix(COMPILED)).to(device).eval()
+        built[spec] = torch.compile(plain[spec], fullgraph=True) if compiled else plain[spec]
+        inputs[spec] = example_input(plain[spec], batch, device)
         if device.type == "cuda":
             flash[spec] = _device.flash_model_check(built[spec], inputs[spec], device, amp)
             print(f"flash check {spec}: {flash[spec]['flash']}", file=sys.stderr)
@@ -280,9 +287,10 @@ def time_forward(
                 if r not in scheduled[spec]:
                     continue
                 raw[spec].append({"round": r, "ms": _device.time_ms(lambda spec=spec: forward(spec), device)})
-    params = {spec: count_params(model) for spec, model in built.items()}
-    tokens = {spec: num_tokens(model) for spec, model in built.items()}
+    params = {spec: count_params(model) for spec, model in plain.items()}
+    tokens = {spec: num_tokens(model) for spec, model in plain.items()}
     built.clear()  # (``forward`` holds the dict)
+    plain.clear()
     gc.collect()
     backends = {spec: _device.backend_used(flash.get(spec)) for spec in specs}
     return {"raw": raw, "params": params, "tokens": tokens, "flash": flash, "sdpa_backend": backends}
@@ -326,10 +334,17 @@ def _ratio(
 
 
 def ratios(
-    raw: dict, reference: str, candidate: str | None, norope: str | None, bare: str | None, folded: str | None = None
+    raw: dict,
+    reference: str,
+    candidate: str | None,
+    norope: str | None,
+    bare: str | None,
+    folded: str | None = None,
+    compiled: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The headline ratios at one batch size: speed-ups over the reference, overheads over the limits,
-    for the candidate's training form and (``folded_*``) its inference form."""
+    for the candidate's training form, (``folded_*``) its inference form and (``compiled_over_bare``) the
+    ``(inference form, bare blocks)`` pair ``compiled`` under ``torch.compile``."""
     out: dict[str, Any] = {"forward_ms_median": {s: statistics.median(t["ms"] for t in v) for s, v in raw.items()}}
     for key, (a, b) in {
         "speedup": (reference, candidate),
@@ -339,6 +354,7 @@ def ratios(
         "folded_speedup": (reference, folded),
         "folded_over_bare": (folded, bare),
         "folded_rope_overhead": (folded, norope),
+        "compiled_over_bare": compiled or (None, None),
     }.items():
         r = _ratio(raw, a, b)
         if r is not None:
@@ -508,7 +524,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reference = pick(args.models, args.reference, "s2transformer") or args.models[0]
     candidate = pick(args.models, args.candidate, "so3vit")
     specs = list(args.models)
-    norope = bare = folded = None
+    norope = bare = folded = compiled = None
     if candidate is not None:
         built = models.create_model(candidate)
         cfg = getattr(built, "config", {})
@@ -521,6 +537,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.no_bare and {"depth", "embed_dim", "num_heads"} <= set(cfg) and num_tokens(built):
             bare = bare_spec(built)
             specs.append(bare)
+        if args.compile and folded and bare:
+            compiled = (folded + COMPILED, bare + COMPILED)
+            specs += compiled
     repeats = {s: (args.s2_repeats if s.startswith("s2transformer") else args.repeats) for s in specs}
 
     info = machine_info(device)
@@ -571,9 +590,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "candidate": candidate,
         "folded": folded,
         "bare": bare,
+        "compiled": compiled,
         "targets": TARGETS,
     }
-    per_batch = {b: ratios(t["raw"], reference, candidate, norope, bare, folded) for b, t in timings.items()}
+    per_batch = {b: ratios(t["raw"], reference, candidate, norope, bare, folded, compiled) for b, t in timings.items()}
     headline.update(per_batch[args.batches[0]])
     if candidate is not None:
         cand_mem = memory.get(candidate, {}).get("peak_mb")
@@ -592,6 +612,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "dtype": _device.amp_dtype(args.amp),
             "amp": args.amp,
             "threads": args.threads,
+            "compile": args.compile,
         },
         "flash": {
             "sdpa_shapes": flash_shapes,
@@ -634,8 +655,8 @@ def print_report(result: dict[str, Any]) -> None:
             f"{c} training-memory ratio vs {ref}: {fmt_ratio(head['memory_ratio'])} "
             f"(target >= {t['memory_ratio']:.0f}x)"
         )
-    # The 1.05x targets hold for the inference form (what eqvit.fold deploys); the training form keeps
-    # plain PyTorch ops for autograd (DESIGN.md), so its figures are printed beside them, without a target.
+    # The overhead targets hold for the inference form (what eqvit.fold deploys); the training form's figures
+    # are printed beside them, without a target.
     for key, label in (
         ("rope_overhead", "SO(3)-RoPE overhead (so3rope / none)"),
         ("over_bare", "over the bare blocks"),
@@ -660,6 +681,7 @@ def print_report(result: dict[str, Any]) -> None:
             ("folded_speedup", f"{head.get('folded')} / {ref} speed-up"),
             ("folded_over_bare", f"{head.get('folded')} over the bare blocks"),
             ("folded_rope_overhead", f"{head.get('folded')} over none"),
+            ("compiled_over_bare", "compiled inference form over the compiled bare blocks"),
         ):
             if key in h:
                 ci = h.get(key + "_paired_ci90")
@@ -713,6 +735,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-folded", action="store_true", help="skip the candidate's inference form (eqvit.fold)")
     p.add_argument("--batches", type=int, nargs="+", default=[1], help="forward batch sizes (default 1)")
     p.add_argument("--profile", action="store_true", help="also time the candidate's forward stage by stage")
+    p.add_argument(
+        "--compile", action="store_true", help="also time the inference form and the bare blocks under torch.compile"
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     p.add_argument("--quick", action="store_true", help="few repeats (smoke test)")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)

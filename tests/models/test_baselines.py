@@ -209,6 +209,21 @@ def test_benchmark_smoke(tmp_path, capsys):
     assert mem["peak_mb"] >= mem["model_tensors_mb"] > 0 and len(mem["train_step_ms"]) == 1
 
 
+def test_benchmark_times_the_compiled_inference_form_beside_the_compiled_bare_blocks(tmp_path, capsys):
+    bench = _load_benchmark()
+    out = tmp_path / "bench.json"
+    argv = ["--models", "s2transformer_tiny", "so3vit_tiny", "--quick", "--no-memory", "--compile", "--out", str(out)]
+    bench.main(argv)
+    result = json.loads(out.read_text())
+    compiled = ["so3vit_tiny[folded][compiled]", "timm_blocks:2x32,2h,240t[compiled]"]
+    assert result["headline"]["compiled"] == compiled and result["settings"]["compile"]
+    rows = {r["model"]: r for r in result["rows"]}
+    assert all(rows[c]["forward_ms_median"] > 0 for c in compiled)
+    assert rows[compiled[0]]["params"] == rows["so3vit_tiny[folded]"]["params"]  # counted on the model itself
+    assert result["headline"]["compiled_over_bare"] > 0
+    assert "compiled inference form over the compiled bare blocks" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_benchmark_cli_with_memory_subprocesses(tmp_path):
     out = tmp_path / "bench.json"
