@@ -536,7 +536,7 @@ SECTIONS = (
     Section(
         "SO3ViT against torch-harmonics' S2Transformer",
         "so3vit_vs_s2transformer.json",
-        "python benchmarks/so3vit_vs_s2transformer.py --threads 1 --batches 1 --repeats 40 --no-memory",
+        "python benchmarks/so3vit_vs_s2transformer.py --threads 1 --batches 1 --repeats 40 --no-memory --compile",
         "Forward time per model, interleaved; the bare timm blocks on the same tokens; SO(3)-RoPE against none.",
         _so3vit_vs_s2,
     ),
