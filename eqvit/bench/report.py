@@ -530,7 +530,10 @@ SECTIONS = (
         "python benchmarks/scale_speed.py --compile-train",
         "Inference (eqvit.fold; batches 1 and 8, 1 and 2 threads, 7 rounds) and training step (forward, backward, "
         "AdamW; batch 8; training form; 1 thread) as ratios to timm's vit_small/base_patch16_224 in "
-        "interleaved rounds; training memory is the whole iteration's peak of tensor memory.",
+        "interleaved rounds; training memory is the whole iteration's peak of tensor memory. The D4 models' "
+        "batch-8 forwards move with glibc's heap state (page faults on freshly mapped memory for their "
+        "hidden-sized tensors, which depend on what ran before in the process): timed alone, or with "
+        "MALLOC_MMAP_THRESHOLD_=33554432, the ViT-S row is lower than in a full run.",
         _scale_speed,
     ),
     Section(
