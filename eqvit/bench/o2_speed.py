@@ -14,8 +14,10 @@ medians are reported with the load average.
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add; matmuls,
 convolutions and attention; elementwise ops are not counted) for the timed inference forward and,
 separately, for the training form's forward (which also derives its dense weights). The eqvit
-models are timed in their inference form, ``eqvit.fold(model)``: dense weights, patch filters, APE
-and the norms' reflection folded once. Writes JSON and prints a table.
+models are timed in their inference form, ``eqvit.fold(model)``: every layer's weights (dense weights,
+patch filters, APE, the norms' affine) derived once. ``--compile`` also times the coupled model and timm
+under ``torch.compile(fullgraph=True)`` (``name[compiled]``, compiled in the warm-up), each compiled row's
+ratio against compiled timm. Writes JSON and prints a table.
 
 Runs on CUDA when present (``--device`` chooses; ``--amp`` for bf16 autocast). On CUDA the timed
 forwards are measured with CUDA events, each row also gives the peak memory of one forward
@@ -23,7 +25,8 @@ forwards are measured with CUDA events, each row also gives the peak memory of o
 :mod:`eqvit.bench.device` (SDPA with only flash on the models' attention shapes, one forward of each
 model with only flash); models that pass are timed with flash pinned, so flash is the backend used.
 
-Usage: ``python benchmarks/o2_speed.py [--batches 1 16] [--threads 1 2] [--widths 48] [--device cuda --amp]``.
+Usage: ``python benchmarks/o2_speed.py [--batches 1 16] [--threads 1 2] [--widths 48] [--compile]
+[--device cuda --amp]``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from eqvit.bench import device as _device
 from eqvit.bench._paths import results_dir
 
 MODELS = ("o2vit_D4_coupled", "o2vit_D4_irrepwise", "timm_vit")
+COMPILED = "[compiled]"  # suffix of a model timed under torch.compile(fullgraph=True)
+COMPILED_MODELS = ("o2vit_D4_coupled", "timm_vit")  # the compiled pair (--compile)
 
 
 def build(name: str, width: int) -> torch.nn.Module:
@@ -132,7 +137,7 @@ def forward_peak_mb(
     return _device.peak_memory_mb(device)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--threads", type=int, nargs="+", default=None, help="default: 1 2 on the CPU, 1 on CUDA")
@@ -140,8 +145,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default: 60 at batch 1, 15 above)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast for the timed forwards")
+    parser.add_argument("--compile", action="store_true", help="also time the coupled model and timm compiled")
     parser.add_argument("--out", default=str(results_dir() / "o2_speed.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = _device.pick_device(args.device)
     if args.threads is None:
         args.threads = [1, 2] if device.type == "cpu" else [1]
@@ -152,7 +158,7 @@ def main() -> None:
         print(f"flash SDPA on the models' attention shapes: {flash_shapes['flash']}")
     rows = []
     header = (
-        f"{'D':>4} {'B':>3} {'thr':>3} | {'model':<19} {'fwd ms':>9} {'ratio':>6} {'GFLOP':>7} {'params':>8} | load"
+        f"{'D':>4} {'B':>3} {'thr':>3} | {'model':<27} {'fwd ms':>9} {'ratio':>6} {'GFLOP':>7} {'params':>8} | load"
     )
     print(header)
     print("-" * len(header))
@@ -165,6 +171,9 @@ def main() -> None:
         params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
         training_forms = models
         models = {name: m.eval() if name == "timm_vit" else eqvit.fold(m) for name, m in models.items()}
+        if args.compile:
+            models |= {n + COMPILED: torch.compile(models[n], fullgraph=True) for n in COMPILED_MODELS}
+        names = list(models)
         flash = {}
         if device.type == "cuda":
             x1 = torch.randn(1, 3, 256, 256, device=device)
@@ -185,9 +194,12 @@ def main() -> None:
                 times = interleaved_times(models, x, repeats, device, args.amp, flash)
                 load_after = os.getloadavg()
                 med = {name: statistics.median(t) for name, t in times.items()}
+                # a compiled row against compiled timm, an eager one against eager timm
+                ref = {name: "timm_vit" + COMPILED * name.endswith(COMPILED) for name in names}
                 per_round = {
-                    name: statistics.median(a / b for a, b in zip(times[name], times["timm_vit"])) for name in MODELS
+                    name: statistics.median(a / b for a, b in zip(times[name], times[ref[name]])) for name in names
                 }
+                base = {name: name.removesuffix(COMPILED) for name in names}
                 row = {
                     "width": width,
                     "batch": batch,
@@ -198,27 +210,27 @@ def main() -> None:
                         name: {
                             "forward_ms_median": med[name] * 1e3,
                             "forward_ms_min": min(times[name]) * 1e3,
-                            "ratio_to_timm": med[name] / med["timm_vit"],
+                            "ratio_to_timm": med[name] / med[ref[name]],
                             "ratio_to_timm_per_round_median": per_round[name],
-                            "gflops": gflops[name],
-                            "gflops_training_form": gflops_uncached[name],
-                            "params": params[name],
-                            **shapes[name],
+                            "gflops": gflops[base[name]],
+                            "gflops_training_form": gflops_uncached[base[name]],
+                            "params": params[base[name]],
+                            **shapes[base[name]],
                         }
-                        for name in MODELS
+                        for name in names
                     },
                 }
                 if device.type == "cuda":
-                    for name in MODELS:
+                    for name in names:
                         row["models"][name]["sdpa_backend"] = _device.backend_used(flash.get(name))
                         row["models"][name]["forward_peak_mb"] = forward_peak_mb(
                             models[name], x, device, args.amp, flash.get(name)
                         )
                 rows.append(row)
-                for name in MODELS:
+                for name in names:
                     r = row["models"][name]
                     print(
-                        f"{width:>4} {batch:>3} {threads:>3} | {name:<19} {r['forward_ms_median']:>9.2f} "
+                        f"{width:>4} {batch:>3} {threads:>3} | {name:<27} {r['forward_ms_median']:>9.2f} "
                         f"{r['ratio_to_timm']:>6.3f} {r['gflops']:>7.3f} {r['params']:>8d} | "
                         f"{row['load_avg_1min'][0]:.2f}->{row['load_avg_1min'][1]:.2f}"
                     )
@@ -233,8 +245,9 @@ def main() -> None:
         "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
         "note": (
-            "interleaved timing; ratio = median o2vit time / median timm time; FLOPs = 2 x multiply-adds of a "
-            "folded inference forward (gflops_training_form: the training form, which derives its weights per call)"
+            "interleaved timing; ratio = median o2vit time / median timm time (a [compiled] row: over compiled "
+            "timm); FLOPs = 2 x multiply-adds of a folded inference forward (gflops_training_form: the training "
+            "form, which derives its weights per call)"
         ),
     }
     if device.type == "cuda":

@@ -546,8 +546,9 @@ SECTIONS = (
     Section(
         "O(2) models at the seed's width",
         "o2_speed.json",
-        "python benchmarks/o2_speed.py --batches 1 16 --threads 1 --repeats 30",
-        "o2vit_square_s (D4, width 48) against a timm ViT of the same width and tokens.",
+        "python benchmarks/o2_speed.py --batches 1 16 --threads 1 --repeats 30 --compile",
+        "o2vit_square_s (D4, width 48) against a timm ViT of the same width and tokens, inference forms; a "
+        "[compiled] row is under torch.compile(fullgraph=True), against compiled timm.",
         _o2_speed,
     ),
     Section(
