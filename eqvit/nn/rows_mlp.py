@@ -179,10 +179,8 @@ class _TransformedRowsIn(torch.autograd.Function):
             rows = [hidden[a : a + k] for a, k in zip(firsts, counts)]
             outs = [grad_hidden[a : a + k].unbind(0) for a, k in zip(firsts, counts)]
             needed = ctx.needs_input_grad[6:]
-            grad_weights, written = slab_linear_grads(grad, plan, ctx.index, weights, needed, rows, out=outs)
-            for s in set(range(len(counts))) - set(written):  # slabs no output reads
-                grad_hidden[firsts[s] : firsts[s] + counts[s]].zero_()
+            grad_weights, _ = slab_linear_grads(grad, plan, ctx.index, weights, needed, rows, out=outs)
             # free them before the hidden-sized work below (peak memory); not `del`: torch.compile refuses it here
-            hidden = rows = outs = written = None
+            hidden = rows = outs = None
             grad_values = _activation_grad_blocked(grad_hidden.flatten(1), transform, values, ctx.kind)
         return (grad_values, None, None, None, None, None, *grad_weights)

@@ -211,7 +211,7 @@ def slab_linear_grads(
     which weights need a gradient; ``pieces[s]`` is input slab ``s`` as side-by-side pieces ``[T, k]`` (the
     slab's matrix is split by columns alike): rows of a row layout, or the whole slab. With ``out`` (tensors
     shaped like ``pieces``, e.g. the rows of one buffer) the pieces' gradients are written there, sparing the
-    caller a copy into its layout; a slab no output reads is left unwritten (absent from the dict)."""
+    caller a copy into its layout (a slab no output reads gets zeros)."""
     terms = len(plan.terms)
     grad_weights: list[torch.Tensor | None] = [None] * len(weights)
     grad_pieces: dict[int, list[torch.Tensor]] = {}
@@ -236,11 +236,15 @@ def slab_linear_grads(
             grads = [g @ c for c in cols]
             grad_pieces[s] = grads if s not in grad_pieces else [a + u for a, u in zip(grad_pieces[s], grads)]
         else:  # out= skips autocast: the operands in the buffer's dtype, as autocast would cast them
-            first = s not in grad_pieces
+            first, dtype = s not in grad_pieces, out[s][0].dtype
+            g_cast = g.to(dtype)
             for target, c in zip(out[s], cols):
-                a, b = g.to(target.dtype), c.to(target.dtype)
-                torch.mm(a, b, out=target) if first else target.addmm_(a, b)
+                torch.mm(g_cast, c.to(dtype), out=target) if first else target.addmm_(g_cast, c.to(dtype))
             grad_pieces[s] = list(out[s])
+    if out is not None:
+        for s in set(range(len(out))) - set(grad_pieces):  # slabs no output reads
+            for target in out[s]:
+                target.zero_()
     return grad_weights, grad_pieces
 
 
