@@ -1,5 +1,5 @@
 """Fixtures of the command-line tests: a shared shallow-water cache, the tiny run config, a finished run,
-a guard that fails a test whose error comes after the first training step, and a deliverable SIGINT."""
+a guard that fails a test whose error comes after the first training step, and deliverable stop signals."""
 
 from __future__ import annotations
 
@@ -12,18 +12,25 @@ from helpers import write_config
 from eqvit.train import engine
 from eqvit.train.config import load_config
 
+# The signals the stop-signal tests send, each with the disposition Python has for it in a terminal.
+_STOP_SIGNALS = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGTERM: signal.SIG_DFL,
+    signal.SIGHUP: signal.SIG_DFL,
+}
+
 
 @pytest.fixture(autouse=True)
-def deliverable_sigint():
-    """SIGINT as Python sets it up in a terminal. A suite started as a background job (``make test &``)
-    inherits SIGINT ignored, and the CLI rightly keeps an ignored signal ignored; the stop-signal tests
-    send SIGINT and expect it handled."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        yield
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    else:
-        yield
+def deliverable_stop_signals():
+    """The stop signals as Python sets them up in a terminal. A suite started as a background job
+    (``make test &``) inherits SIGINT ignored, one started under ``nohup`` SIGHUP, and the CLI rightly keeps
+    an ignored signal ignored; the stop-signal tests send them and expect them handled."""
+    ignored = [s for s in _STOP_SIGNALS if signal.getsignal(s) is signal.SIG_IGN]
+    for s in ignored:
+        signal.signal(s, _STOP_SIGNALS[s])
+    yield
+    for s in ignored:
+        signal.signal(s, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="session")
