@@ -6,6 +6,7 @@ family modules only register configurations.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from eqvit.groups import FiniteGroup
 from eqvit.groups.base import match_matrices
 from eqvit.nn.layers import InputCheck
 from eqvit.nn.posenc.base import NoPositionalEncoding, PositionalScheme
+from eqvit.nn.stream import FromStream
 
 
 def _as_inputs(encoded: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -33,6 +35,10 @@ def _output(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _output_plus_input(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out + x
+
+
+def _all_tokens(tokens: torch.Tensor) -> torch.Tensor:
+    return tokens
 
 
 def build_blocks(block_fn: Callable[[int, float], nn.Module], depth: int, drop_path_rate: float = 0.0) -> nn.ModuleList:
@@ -268,12 +274,19 @@ class EquivariantViT(nn.Module):
             tokens = self.run_block(block, tokens, rope)
             yield tokens
 
-    def features(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """Raw inputs -> the features the head pools ``[B, N, num_features]``: the readout of the normalised tokens."""
+    def features(self, *inputs: torch.Tensor, select: Callable[[torch.Tensor], torch.Tensor] = _all_tokens) -> torch.Tensor:
+        """Raw inputs -> the features the head pools ``[B, N, num_features]``: the readout of the normalised tokens
+        (of the tokens ``select`` keeps: the final norm and the readout act token by token)."""
         # Only the last block's tokens stay referenced (``*_, tokens = ...`` would keep every block's
         # output alive to the end: fresh memory for each block instead of reusing the one before).
         (tokens,) = deque(self.forward_blocks(*inputs), maxlen=1)
-        return self.readout(self.norm(tokens))
+        return self.readout(self.norm(select(tokens)))
+
+    @property
+    def _head_tokens(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The tokens the head reads (a head's ``select_tokens``, e.g. the class token), else all:
+        :meth:`forward` normalises and reads out only those."""
+        return getattr(self.head, "select_tokens", _all_tokens)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, C, *grid]`` -> the features the head pools ``[B, N, num_features]`` (the normalised tokens,
@@ -309,7 +322,8 @@ class EquivariantViT(nn.Module):
         Args:
             x: the model's input (``[B, C, H, W]``, or ``[B, C, P]`` on the hexagonal grid).
             indices: None (every block), an int (the last n) or block indices (negative from the end).
-            return_prefix_tokens: pair each map with the class token(s) ``[B, num_prefix_tokens, C]``.
+            return_prefix_tokens: pair each map with the class token(s) ``[B, num_prefix_tokens, C]`` (in
+                :attr:`token_type`, as the maps).
             norm: apply the final norm to each intermediate.
             stop_early: run only the blocks up to the last one taken.
             output_fmt: ``"NCHW"``: ``[B, C, *token_grid.shape]``, channels first with the patch tokens laid
@@ -339,7 +353,7 @@ class EquivariantViT(nn.Module):
         if output_fmt == "NCHW":
             maps = [grid.to_map(y.transpose(1, 2)) for y in maps]
         if return_prefix_tokens:
-            maps = [(m, y[:, :p]) for m, y in zip(maps, intermediates)]
+            maps = [(m, self.to_token_type(y[:, :p])) for m, y in zip(maps, intermediates)]
         if intermediates_only:
             return maps
         return self.readout(self.norm(tokens)), maps
@@ -374,11 +388,41 @@ class EquivariantViT(nn.Module):
         channels_last = fmap.movedim(axis, -1)
         return grid.act(matrix, self.token_type.act(g, channels_last).movedim(-1, axis))
 
+    # ---------------------------------------------------------------- inference form
+    def fold(self) -> nn.Module:
+        """The inference form's stream (:mod:`eqvit.nn.stream`), or this model when its stream stays as it is.
+
+        When the final norm is ``F.layer_norm`` in another basis of the stream (``norm.stream_basis()``, the
+        equivariant LayerNorm's) and every layer that writes or reads the stream can fold that basis into its weights
+        (``fold_in_stream``: the tokenizer, an additive positional scheme, every block), the folded model keeps its
+        tokens in that basis: every norm is a bare ``F.layer_norm``, and the readout and the intermediate maps map
+        the tokens back first, so ``forward_features`` and ``forward_intermediates`` return what they return
+        unfolded. Otherwise this returns the model itself and :func:`eqvit.fold` folds its layers one by one.
+        """
+        basis = self.norm.stream_basis() if hasattr(self.norm, "stream_basis") else None
+        if basis is None:
+            return self
+        writers = [self.tokenizer] + ([] if self.posenc.is_rotary else [self.posenc])  # rotary: inside attention
+        if not all(hasattr(m, "fold_in_stream") for m in [*writers, self.norm, *self.blocks]):
+            return self
+        blocks = [block.fold_in_stream(basis) for block in self.blocks]
+        norm = self.norm.fold_in_stream(basis)
+        if norm is None or any(block is None for block in blocks):
+            return self
+        folded = copy.deepcopy(self)
+        folded.tokenizer = self.tokenizer.fold_in_stream(basis)
+        folded.posenc = self.posenc if self.posenc.is_rotary else self.posenc.fold_in_stream(basis)
+        folded.blocks, folded.norm = nn.ModuleList(blocks), norm
+        folded.readout = FromStream(folded.readout, basis)
+        folded.to_token_type = FromStream(folded.to_token_type, basis)
+        folded.stream_basis = basis
+        return folded
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, C, *grid]`` (images, the sphere) -> the head's output: logits ``[B, num_classes]`` or a
         field ``[B, out_chans, *grid]``."""
         x = self.input_check(x)
-        return self.add_input(self.head(self.features(x)), x)
+        return self.add_input(self.head(self.features(x, select=self._head_tokens)), x)
 
 
 class PointCloudViT(EquivariantViT):
@@ -392,4 +436,4 @@ class PointCloudViT(EquivariantViT):
     def forward(self, pos: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
         """``(pos [B, N, d], feat [B, N, C])`` -> the head's output (e.g. logits ``[B, num_classes]``)."""
         self.input_check(pos, feat)
-        return self.head(self.features(pos, feat))
+        return self.head(self.features(pos, feat, select=self._head_tokens))

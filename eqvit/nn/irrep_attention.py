@@ -411,6 +411,19 @@ class IrrepAttention(nn.Module):
 
         return FoldedIrrepAttention(self, self.stacked_weights())
 
+    def fold_in_stream(self, basis, norm_output) -> nn.Module | None:
+        """The inference form in a model whose stream is kept in ``basis`` (:mod:`eqvit.nn.stream`): ``qkv`` reads the
+        folded norm's output (``norm_output``, its affine folded in), the projection writes the stream; None in the
+        ``components`` layout (a dense change of basis would undo the Schur blocks)."""
+        if self.schur:
+            return None
+        from eqvit.nn.folded import FoldedIrrepAttention
+
+        qkv_w, qkv_b, proj_w, proj_b = self.stacked_weights()
+        folded = FoldedIrrepAttention(self, (*norm_output.reading(qkv_w, qkv_b), *basis.writing(proj_w, proj_b)))
+        folded.in_type = folded.out_type = None  # tokens in the stream basis: no FeatureType describes them
+        return folded
+
     def attend_schur(
         self,
         x: torch.Tensor,

@@ -71,6 +71,18 @@ class IrrepMlp(nn.Module):
         w1, b1, w2, b2 = self.folded_weights()
         return FoldedMlp(w1, b1, self.act.act, w2, b2, in_type=self.in_type)
 
+    def fold_in_stream(self, basis, norm_output) -> nn.Module | None:
+        """The inference form in a model whose stream is kept in ``basis`` (:mod:`eqvit.nn.stream`): ``fc1`` reads
+        the folded norm's output (``norm_output``), ``fc2`` writes the stream; None with Schur linears (a dense
+        change of basis would undo their blocks)."""
+        if self.schur:
+            return None
+        from eqvit.nn.folded import FoldedMlp
+
+        w1, b1, w2, b2 = self.folded_weights()
+        # in_type None: tokens in the stream basis, which no FeatureType describes
+        return FoldedMlp(*norm_output.reading(w1, b1), self.act.act, *basis.writing(w2, b2))
+
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """``fc2(FT sigma FT^-1 fc1(x))`` with the dense Fourier basis (eq. 10)."""
         return self.fc2(self.act.forward_dense(self.fc1(x)))
@@ -212,6 +224,11 @@ class ClassTokenHead(nn.Module):
             if num_classes
             else nn.Identity()
         )
+
+    def select_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, N, C] -> [B, 1, C]``: the tokens whose features the head reads, the class token (the model's
+        ``forward`` normalises and reads out only these)."""
+        return tokens[:, :1]
 
     def pre_logits(self, features: torch.Tensor) -> torch.Tensor:
         """``features [B, N, num_features] -> [B, num_features]``: the class token's, after the dropout."""

@@ -133,6 +133,24 @@ class Block(nn.Module):
     def out_type(self):
         return getattr(self.attn, "out_type", None)
 
+    def fold_in_stream(self, basis: nn.Module) -> Block | None:
+        """The inference form of this block in a model whose stream is kept in ``basis``
+        (:class:`~eqvit.nn.stream.StreamBasis`): its norms ``F.layer_norm`` alone, their affine and the basis folded
+        into the attention and the MLP. None when a layer cannot fold so (no ``split_in_stream`` /
+        ``fold_in_stream``, a Schur layout, a LayerScale, a norm whose centre ``basis`` does not fit)."""
+        if not (isinstance(self.ls1, nn.Identity) and isinstance(self.ls2, nn.Identity)):
+            return None
+        parts = []
+        for norm, layer in ((self.norm1, self.attn), (self.norm2, self.mlp)):
+            if not (hasattr(norm, "split_in_stream") and hasattr(layer, "fold_in_stream")):
+                return None
+            split = norm.split_in_stream(basis)
+            folded = None if split is None else layer.fold_in_stream(basis, split[1])
+            if folded is None:
+                return None
+            parts += [split[0], folded]
+        return Block(*parts)  # eval only: no drop path
+
     def forward(
         self, x: torch.Tensor, rope: PositionalScheme | None = None, num_prefix_tokens: int = 0
     ) -> torch.Tensor:

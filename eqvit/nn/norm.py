@@ -24,6 +24,7 @@ from torch.autograd.function import once_differentiable
 
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
+from eqvit.nn.stream import LayerNormCore, NormOutput, StreamBasis, StreamLayerNorm
 
 
 def irrep_layer_norm(
@@ -134,6 +135,43 @@ class IrrepLayerNorm(ExactBuffers):
         from eqvit.nn.folded import FoldedIrrepLayerNorm
 
         return FoldedIrrepLayerNorm(self)
+
+    # ---------------------------------------------------------------- a folded model's stream (eqvit.nn.stream)
+    def stream_basis(self) -> StreamBasis | None:
+        """The change of basis of the stream under which this norm is ``F.layer_norm``: the reflection taking its
+        centre direction to the uniform one (None without centre coordinates: ``F.layer_norm`` always centres)."""
+        centre = self.exact_buffer("center_weights")
+        if not centre.any():
+            return None
+        basis = StreamBasis.householder(centre, torch.ones_like(centre))
+        return basis.to(self.weight.dtype)
+
+    def _fits(self, basis: StreamBasis) -> bool:
+        """Whether ``basis`` takes this norm's centre direction to the uniform one."""
+        centre = self.exact_buffer("center_weights")
+        if basis.dim != self.in_type.dim or not centre.any():
+            return False
+        mapped = (centre / centre.norm()) @ basis.matrix.double()
+        return bool(torch.allclose(mapped, torch.full_like(mapped, basis.dim**-0.5), atol=1e-5))
+
+    def split_in_stream(self, basis: StreamBasis) -> tuple[nn.Module, NormOutput] | None:
+        """This norm on stream tokens ``y = x @ Q``: ``F.layer_norm(y)`` and its affine as a :class:`NormOutput` for
+        the layer after it to fold in (``u @ Q^T diag(gamma) + beta``); None when ``basis`` does not fit the centre."""
+        if not self._fits(basis):
+            return None
+        gamma, beta, _ = self.affine()
+        q = basis.matrix.to(gamma.dtype)
+        return LayerNormCore(self.in_type.dim, self.eps, gamma.dtype), NormOutput(q.T * gamma, beta)
+
+    def fold_in_stream(self, basis: StreamBasis) -> nn.Module | None:
+        """This norm on stream tokens, its output in the stream too (a model's final norm): ``F.layer_norm``, then
+        the affine ``Q^T diag(gamma) Q`` and ``beta @ Q``; None when ``basis`` does not fit the centre."""
+        split = self.split_in_stream(basis)
+        if split is None:
+            return None
+        _, output = split
+        weight, bias = basis.writing(output.matrix.T, output.shift)
+        return StreamLayerNorm(self.in_type.dim, self.eps, weight, bias)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         gamma, beta, _ = self.affine()

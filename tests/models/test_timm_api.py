@@ -179,6 +179,19 @@ def test_model_forward_intermediates(name):
         torch.testing.assert_close(model.forward_head(final), model(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", [n for n in IMAGE_MODELS if n in CLASSIFIERS])
+def test_forward_reads_out_the_tokens_the_head_reads(name):
+    """A classifier's forward normalises and reads out only the tokens its head reads (``select_tokens``); with
+    the head pruned, the model returns the features of every token."""
+    model = randomise_(build(name)).eval()
+    x = cfg_input(model)
+    with torch.no_grad():
+        features = model.forward_features(x)
+        torch.testing.assert_close(model(x), model.head(features), rtol=1e-6, atol=1e-6)
+        model.prune_intermediate_layers(indices=len(model.blocks), prune_head=True)
+        assert torch.equal(model(x), model.forward_features(x)) and model(x).shape == features.shape
+
+
 @pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_intermediates_are_the_block_outputs(name):
     """Against the plain composition: tokens -> block(tokens) -> ..., each block on irrep-wise (or regular)
@@ -206,7 +219,7 @@ def test_intermediates_are_the_block_outputs(name):
             rtol=1e-10,
             atol=1e-12,
         )
-        torch.testing.assert_close(prefix, model.norm(ref)[:, :p], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(prefix, model.to_token_type(model.norm(ref)[:, :p]), rtol=1e-10, atol=1e-12)
     assert torch.equal(last[0], nchw[-1]) and torch.equal(first[0], nchw[0])
 
 

@@ -86,3 +86,7 @@ class PositionalScheme(nn.Module):
 
 class NoPositionalEncoding(PositionalScheme):
     """No positional information: attention is permutation equivariant."""
+
+    def fold_in_stream(self, basis: nn.Module) -> NoPositionalEncoding:
+        """Itself: adding nothing is the same in every basis of the stream (:mod:`eqvit.nn.stream`)."""
+        return self

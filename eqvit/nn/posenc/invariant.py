@@ -208,6 +208,12 @@ class InvariantAPE(PositionalScheme, ExactBuffers):
 
         return FoldedAPE(self.embedding())
 
+    def fold_in_stream(self, basis: nn.Module) -> nn.Module:
+        """The inference form adding to tokens kept in ``basis`` (:class:`~eqvit.nn.stream.StreamBasis`)."""
+        from eqvit.nn.folded import FoldedAPE
+
+        return FoldedAPE(basis.to_stream(self.embedding()))  # no in_type: no FeatureType describes the stream basis
+
 
 class FrameInvariantAPE(InvariantAPE):
     """The invariant APE for frame features (C copies of the regular representation on frames).

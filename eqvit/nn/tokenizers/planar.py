@@ -13,6 +13,8 @@ U's permutation representation), so ``C(U, R^c)`` becomes an irrep-wise feature 
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -165,7 +167,11 @@ class PlanarTokenizer(nn.Module):
         triv = out_type.trivial_index
         if class_token and len(triv) == 0:
             raise ValueError(f"a class token needs trivial irreps in {out_type}")
-        self.register_buffer("cls_index", torch.as_tensor(triv), persistent=False)
+        # The class token is ``cls_token @ cls_embedding``: one-hot rows [t, V.dim] put it on the trivial coordinates
+        # (a fold into another basis of the stream turns the rows: fold_in_stream).
+        cls_embedding = torch.zeros(len(triv), out_type.dim)
+        cls_embedding[torch.arange(len(triv)), torch.as_tensor(triv, dtype=torch.int64)] = 1.0
+        self.register_buffer("cls_embedding", cls_embedding, persistent=False)
         self.cls_token = nn.Parameter(torch.randn(len(triv)) * 0.02) if class_token else None
 
     def unfold(self, x: torch.Tensor) -> torch.Tensor:
@@ -189,8 +195,19 @@ class PlanarTokenizer(nn.Module):
 
     def class_token(self) -> torch.Tensor:
         """``[V.dim]`` the class token, zero outside the trivial irreps."""
-        cls = self._parameters["cls_token"]
-        return cls.new_zeros(self.out_type.dim).index_add(0, self.cls_index, cls)
+        return self._parameters["cls_token"] @ self._buffers["cls_embedding"]
+
+    def fold_in_stream(self, basis: nn.Module) -> PlanarTokenizer:
+        """This tokenizer writing a residual stream kept in ``basis`` (:class:`~eqvit.nn.stream.StreamBasis`): the
+        patch filters and bias fixed and turned, the class token's rows turned (a copy; the tokens it writes are no
+        longer of :attr:`out_type`'s basis, so the copy declares none)."""
+        from eqvit.nn.folded import FoldedLinear
+
+        folded = copy.deepcopy(self)
+        folded.embed = FoldedLinear(*basis.writing(*self.embed.dense()))
+        folded.cls_embedding = basis.to_stream(self.cls_embedding)
+        folded.out_type = None
+        return folded
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.patch_tokens(x)
