@@ -413,7 +413,8 @@ class EquivariantViT(nn.Module):
         folded.tokenizer = self.tokenizer.fold_in_stream(basis)
         folded.posenc = self.posenc if self.posenc.is_rotary else self.posenc.fold_in_stream(basis)
         folded.blocks, folded.norm = nn.ModuleList(blocks), norm
-        folded.readout = FromStream(folded.readout, basis)
+        readout = self.readout
+        folded.readout = readout.fold_in_stream(basis) if hasattr(readout, "fold_in_stream") else FromStream(readout, basis)
         folded.to_token_type = FromStream(folded.to_token_type, basis)
         folded.stream_basis = basis
         return folded

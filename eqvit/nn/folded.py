@@ -191,6 +191,32 @@ class FoldedMlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+class FoldedTokenInvariants(nn.Module):
+    """:class:`~eqvit.nn.irrep_blocks.TokenInvariants` reading tokens kept in a stream basis ``Q``
+    (:mod:`eqvit.nn.stream`): ``y [..., d] -> [..., num_features]``. One linear map takes ``y`` back to the
+    coordinates the readout reads, the trivial ones first, then every group's; one GEMM sums each group's squares.
+    No clamp before the square root: it only keeps a gradient finite, and this form has none."""
+
+    def __init__(self, readout: nn.Module, basis: nn.Module) -> None:
+        super().__init__()
+        grouped = [torch.as_tensor(g, dtype=torch.int64) for g in readout.groups]
+        order = torch.cat([torch.as_tensor(readout.trivial, dtype=torch.int64), *grouped])
+        self.num_trivial = len(readout.trivial)
+        self.register_buffer("weight", frozen(basis.matrix[order]))  # x[..., order] = y Q^T[:, order]
+        membership = torch.zeros(len(order) - self.num_trivial, len(grouped), dtype=basis.matrix.dtype)
+        start = 0
+        for k, g in enumerate(grouped):
+            membership[start : start + len(g), k] = 1.0
+            start += len(g)
+        self.register_buffer("membership", membership)
+        self.in_type, self.num_features = None, readout.num_features
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        x = F.linear(y, self.weight)
+        grouped = x[..., self.num_trivial :]
+        return torch.cat([x[..., : self.num_trivial], ((grouped * grouped) @ self.membership).sqrt()], dim=-1)
+
+
 class FoldedAPE(PositionalScheme):
     """An absolute positional encoding ``x [B, M, C] -> x + p`` with ``p [M, C]`` fixed."""
 
@@ -204,6 +230,20 @@ class FoldedAPE(PositionalScheme):
         # torch._assert: the model makes the tokens (its input check covers user input); traceable by torch.fx
         torch._assert(x.shape[1] == self.num_tokens, f"expected {self.num_tokens} tokens")
         return x + self.embedding
+
+
+class FoldedClassToken(nn.Module):
+    """Prepends a fixed class token ``token [D]``: ``[B, M, D] -> [B, 1 + M, D]``."""
+
+    num_prefix_tokens = 1
+
+    def __init__(self, token: torch.Tensor, out_type=None) -> None:
+        super().__init__()
+        self.register_buffer("token", frozen(token))
+        self.in_type = self.out_type = out_type
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.token.expand(tokens.shape[0], 1, -1), tokens], dim=1)
 
 
 class FoldedIcosphereLift(nn.Module):

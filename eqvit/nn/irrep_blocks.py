@@ -181,6 +181,13 @@ class TokenInvariants(nn.Module):
         """``x [..., dim] -> [..., num_features]``: the trivial coordinates, then one norm per group."""
         return self._impl(self, x)
 
+    def fold_in_stream(self, basis: nn.Module) -> nn.Module:
+        """The inference form reading tokens kept in ``basis`` (:class:`~eqvit.nn.stream.StreamBasis`): the map
+        back to the coordinates it reads folded into one linear map (:class:`~eqvit.nn.folded.FoldedTokenInvariants`)."""
+        from eqvit.nn.folded import FoldedTokenInvariants
+
+        return FoldedTokenInvariants(self, basis)
+
 
 def _trivial_only(m: TokenInvariants, x: torch.Tensor) -> torch.Tensor:
     return x.index_select(-1, m.trivial_index)

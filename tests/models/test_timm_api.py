@@ -444,7 +444,8 @@ def test_layer_decay_optimizer(name):
     scale = {id(p): group["lr_scale"] for group in opt.param_groups for p in group["params"]}
     by_name = {n: scale[id(p)] for n, p in named.items()}
     depth = len(model.blocks)
-    assert by_name["tokenizer.cls_token" if "tokenizer.cls_token" in by_name else "tokenizer.weight"] == 0.75 ** (
+    first = "tokenizer.prefix.cls_token" if "tokenizer.prefix.cls_token" in by_name else "tokenizer.weight"
+    assert by_name[first] == 0.75 ** (
         depth + 1
     )
     block_scales = [max(v for n, v in by_name.items() if n.startswith(f"blocks.{i}.")) for i in range(depth)]

@@ -132,10 +132,14 @@ def test_a_layer_without_a_stream_fold_keeps_the_nominal_stream():
 
 
 def test_a_wrong_stream_basis_changes_the_features():
-    """The interface check above fails on a folded model whose readout maps the stream back wrongly."""
+    """The interface checks above fail on a folded model whose intermediate maps or readout map the stream back
+    wrongly."""
     model = _noised("o2vit_square_tiny")
     folded = eqvit.fold(model)
     x = random_input(model, dtype=torch.float64)
     with torch.no_grad():
-        folded.readout.basis.matrix.copy_(torch.eye(model.embed_dim, dtype=torch.float64))
+        folded.to_token_type.basis.matrix.copy_(torch.eye(model.embed_dim, dtype=torch.float64))
+        maps = folded.forward_intermediates(x, intermediates_only=True, output_fmt="NLC")
+        assert (maps[-1] - model.forward_intermediates(x, intermediates_only=True, output_fmt="NLC")[-1]).abs().max() > 1e-3
+        folded.readout.weight.copy_(folded.readout.weight.flip(0))
         assert (folded.forward_features(x) - model.forward_features(x)).abs().max() > 1e-3

@@ -129,6 +129,44 @@ class GroupPatchEmbed(ExactBuffers):
         return FoldedLinear(*self.dense(), in_type=self.in_type, out_type=self.out_type)
 
 
+class ClassToken(nn.Module):
+    """Prepends one class token, non-zero only on the trivial coordinates of ``out_type`` (seed, Sec. 4.5):
+    ``[B, M, V.dim] -> [B, 1 + M, V.dim]``."""
+
+    num_prefix_tokens = 1
+
+    def __init__(self, out_type: FeatureType) -> None:
+        super().__init__()
+        self.in_type = self.out_type = out_type
+        triv = torch.as_tensor(out_type.trivial_index, dtype=torch.int64)
+        if len(triv) == 0:
+            raise ValueError(f"a class token needs trivial irreps in {out_type}")
+        # The token is ``cls_token @ cls_embedding``: one-hot rows [t, V.dim] put it on the trivial coordinates.
+        embedding = torch.zeros(len(triv), out_type.dim)
+        embedding[torch.arange(len(triv)), triv] = 1.0
+        self.register_buffer("cls_embedding", embedding, persistent=False)
+        self.cls_token = nn.Parameter(torch.randn(len(triv)) * 0.02)
+
+    def token(self) -> torch.Tensor:
+        """``[V.dim]`` the class token, zero outside the trivial irreps."""
+        return self.cls_token @ self.cls_embedding
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.token().expand(tokens.shape[0], 1, -1), tokens], dim=1)
+
+    def fold(self) -> nn.Module:
+        """The inference form: the token fixed."""
+        from eqvit.nn.folded import FoldedClassToken
+
+        return FoldedClassToken(self.token(), self.out_type)
+
+    def fold_in_stream(self, basis: nn.Module) -> nn.Module:
+        """The inference form prepending to tokens kept in ``basis`` (:class:`~eqvit.nn.stream.StreamBasis`)."""
+        from eqvit.nn.folded import FoldedClassToken
+
+        return FoldedClassToken(basis.to_stream(self.token()))
+
+
 class PlanarTokenizer(nn.Module):
     """Unfold (eq. 6), equivariant patch embedding (eq. 7) and a class token in the trivial irreps (Sec. 4.5).
 
@@ -141,8 +179,9 @@ class PlanarTokenizer(nn.Module):
         out_type: token feature type V.
         class_token: prepend one token that is non-zero only in the trivial irrep.
 
-    Input ``[B, in_chans, *spatial]`` (flattened row-major to the points); output ``[B, 1 + M, V.dim]``.
-    The dense class token is :meth:`class_token`.
+    Input ``[B, in_chans, *spatial]`` (flattened row-major to the points); output ``[B, 1 + M, V.dim]``: the
+    :meth:`patch_tokens`, then ``prefix`` (a :class:`ClassToken`, or the identity without one) prepends the class
+    token.
     """
 
     def __init__(
@@ -164,15 +203,12 @@ class PlanarTokenizer(nn.Module):
         self.register_buffer("patch_index", torch.from_numpy(np.array(patch_index, dtype=np.int64)), persistent=False)
         self.embed = GroupPatchEmbed(group, self.offsets, in_chans, out_type)
         self.num_prefix_tokens = int(class_token)
-        triv = out_type.trivial_index
-        if class_token and len(triv) == 0:
-            raise ValueError(f"a class token needs trivial irreps in {out_type}")
-        # The class token is ``cls_token @ cls_embedding``: one-hot rows [t, V.dim] put it on the trivial coordinates
-        # (a fold into another basis of the stream turns the rows: fold_in_stream).
-        cls_embedding = torch.zeros(len(triv), out_type.dim)
-        cls_embedding[torch.arange(len(triv)), torch.as_tensor(triv, dtype=torch.int64)] = 1.0
-        self.register_buffer("cls_embedding", cls_embedding, persistent=False)
-        self.cls_token = nn.Parameter(torch.randn(len(triv)) * 0.02) if class_token else None
+        self.prefix = ClassToken(out_type) if class_token else nn.Identity()
+
+    @property
+    def cls_token(self) -> nn.Parameter | None:
+        """The class token's trivial coordinates ``[t]`` (None without a class token)."""
+        return getattr(self.prefix, "cls_token", None)
 
     def unfold(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, *spatial] -> [B, M, C * K]`` (channel-major within a patch)."""
@@ -193,24 +229,18 @@ class PlanarTokenizer(nn.Module):
         flat = x.flatten(2)[:, :, self.patch_index].permute(0, 2, 1, 3).flatten(2)
         return F.linear(flat, self.embed.filters_reference(), self.embed.proj.bias_vector())
 
-    def class_token(self) -> torch.Tensor:
-        """``[V.dim]`` the class token, zero outside the trivial irreps."""
-        return self._parameters["cls_token"] @ self._buffers["cls_embedding"]
-
     def fold_in_stream(self, basis: nn.Module) -> PlanarTokenizer:
         """This tokenizer writing a residual stream kept in ``basis`` (:class:`~eqvit.nn.stream.StreamBasis`): the
-        patch filters and bias fixed and turned, the class token's rows turned (a copy; the tokens it writes are no
-        longer of :attr:`out_type`'s basis, so the copy declares none)."""
+        patch filters, bias and class token fixed and turned (a copy; the tokens it writes are no longer of
+        :attr:`out_type`'s basis, so the copy declares none)."""
         from eqvit.nn.folded import FoldedLinear
 
         folded = copy.deepcopy(self)
         folded.embed = FoldedLinear(*basis.writing(*self.embed.dense()))
-        folded.cls_embedding = basis.to_stream(self.cls_embedding)
+        folded.prefix = self.prefix.fold_in_stream(basis) if self.num_prefix_tokens else nn.Identity()
         folded.out_type = None
         return folded
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = self.patch_tokens(x)
-        if self.cls_token is None:
-            return tokens
-        return torch.cat([self.class_token().expand(tokens.shape[0], 1, -1), tokens], dim=1)
+        """``x [B, in_chans, *spatial] -> [B, num_prefix_tokens + M, V.dim]``."""
+        return self.prefix(self.patch_tokens(x))
