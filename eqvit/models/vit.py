@@ -405,15 +405,17 @@ class EquivariantViT(nn.Module):
         writers = [self.tokenizer] + ([] if self.posenc.is_rotary else [self.posenc])  # rotary: inside attention
         if not all(hasattr(m, "fold_in_stream") for m in [*writers, self.norm, *self.blocks]):
             return self
-        blocks = [block.fold_in_stream(basis) for block in self.blocks]
-        norm = self.norm.fold_in_stream(basis)
+        # Folded from a copy: what the folded layers keep of their source (a rotary scheme) is the copy's.
+        folded = copy.deepcopy(self)
+        blocks = [block.fold_in_stream(basis) for block in folded.blocks]
+        norm = folded.norm.fold_in_stream(basis)
         if norm is None or any(block is None for block in blocks):
             return self
-        folded = copy.deepcopy(self)
-        folded.tokenizer = self.tokenizer.fold_in_stream(basis)
-        folded.posenc = self.posenc if self.posenc.is_rotary else self.posenc.fold_in_stream(basis)
+        folded.tokenizer = folded.tokenizer.fold_in_stream(basis)
+        if not folded.posenc.is_rotary:
+            folded.posenc = folded.posenc.fold_in_stream(basis)
         folded.blocks, folded.norm = nn.ModuleList(blocks), norm
-        readout = self.readout
+        readout = folded.readout
         folded.readout = readout.fold_in_stream(basis) if hasattr(readout, "fold_in_stream") else FromStream(readout, basis)
         folded.to_token_type = FromStream(folded.to_token_type, basis)
         folded.stream_basis = basis
