@@ -28,13 +28,15 @@ def test_three_stopped_and_resumed_runs_are_exact(tmp_path):
         assert counts["tries"] == counts["exact"] == 1
         assert sum(counts["exit_codes"].values()) == 1
         # the signal's own exit, the CLI's orderly one after its save, or 0 when the run had already finished
-        assert set(counts["exit_codes"]) <= {
-            "0",
-            str(-9 if name == "SIGKILL" else 128 + int(getattr(kill_resume.signal, name))),
-        }
+        number = int(getattr(kill_resume.signal, name))
+        assert set(counts["exit_codes"]) <= {"0", str(-number), str(128 + number)}
     assert [row["signal"] for row in result["rows"]] == ["SIGKILL", "SIGINT", "SIGTERM"]
     for row in result["rows"]:
         assert ROW_KEYS <= set(row) and row["exact"] and row["differences"] == [] and row["completed"]
+        if row["signal"] != "SIGKILL" and row["exit_code"] < 0:
+            # SIGINT / SIGTERM end the run by themselves only when they land before the CLI set its handlers
+            # (a delay drawn before the reference's progress bar, on a try that started slower): nothing saved yet
+            assert not row["checkpoint_before_resume"]
         assert row["resumes"] == (0 if row["exit_code"] == 0 else len(row["resume_exit_codes"]))
     assert len(result["loadavg_start"]) == len(result["loadavg_end"]) == 3
     assert {"date", "machine", "settings"} <= set(result) and result["machine"]["torch"] == torch.__version__
