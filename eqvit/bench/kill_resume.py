@@ -15,8 +15,9 @@ In a temporary folder (with its own shallow-water data cache) a tiny run (``so3v
    sidecar ``last.json`` (between the checkpoint's two renames) appeared;
 2. records the exit code (SIGKILL: -9, the kernel's; SIGINT / SIGTERM: the CLI's 130 / 143 once it saved
    the last completed step, or -2 / -15 when the signal landed before the CLI set its handlers, a delay drawn
-   before the reference's bar on a try that started slower; 0 when the run had finished), the step of ``last.safetensors`` if there is one,
-   and the temporaries left behind (a SIGKILL inside a checkpoint write leaves its ``.NAME.XXXXXXXX.tmp``);
+   before the reference's bar on a try that started slower; 0 when the run had finished), the step of
+   ``last.safetensors`` if there is one, and the temporaries left behind (a SIGKILL inside a checkpoint write
+   leaves its ``.NAME.XXXXXXXX.tmp``);
 3. runs ``--resume`` until the run completes (at most ``--max-resumes`` times); with probability
    ``--resume-kill-rate`` the first resume is itself stopped, once, by a random signal after a random delay.
    ``--resume`` in a folder without ``last.safetensors`` (stopped before its first checkpoint) starts the run

@@ -274,7 +274,9 @@ class EquivariantViT(nn.Module):
             tokens = self.run_block(block, tokens, rope)
             yield tokens
 
-    def features(self, *inputs: torch.Tensor, select: Callable[[torch.Tensor], torch.Tensor] = _all_tokens) -> torch.Tensor:
+    def features(
+        self, *inputs: torch.Tensor, select: Callable[[torch.Tensor], torch.Tensor] = _all_tokens
+    ) -> torch.Tensor:
         """Raw inputs -> the features the head pools ``[B, N, num_features]``: the readout of the normalised tokens
         (of the tokens ``select`` keeps: the final norm and the readout act token by token)."""
         # Only the last block's tokens stay referenced (``*_, tokens = ...`` would keep every block's
@@ -405,18 +407,19 @@ class EquivariantViT(nn.Module):
         writers = [self.tokenizer] + ([] if self.posenc.is_rotary else [self.posenc])  # rotary: inside attention
         if not all(hasattr(m, "fold_in_stream") for m in [*writers, self.norm, *self.blocks]):
             return self
-        # Folded from a copy: what the folded layers keep of their source (a rotary scheme) is the copy's.
-        folded = copy.deepcopy(self)
-        blocks = [block.fold_in_stream(basis) for block in folded.blocks]
-        norm = folded.norm.fold_in_stream(basis)
+        blocks = [block.fold_in_stream(basis) for block in self.blocks]
+        norm = self.norm.fold_in_stream(basis)
         if norm is None or any(block is None for block in blocks):
-            return self
+            return self  # before any copy: the Schur models land here on every fold
+        folded = copy.deepcopy(self)
+        # The blocks copied too: what a folded layer keeps of its source (a rotary scheme) is not shared with self.
+        folded.blocks, folded.norm = copy.deepcopy(nn.ModuleList(blocks)), norm
         folded.tokenizer = folded.tokenizer.fold_in_stream(basis)
         if not folded.posenc.is_rotary:
             folded.posenc = folded.posenc.fold_in_stream(basis)
-        folded.blocks, folded.norm = nn.ModuleList(blocks), norm
         readout = folded.readout
-        folded.readout = readout.fold_in_stream(basis) if hasattr(readout, "fold_in_stream") else FromStream(readout, basis)
+        fold_readout = getattr(readout, "fold_in_stream", None)
+        folded.readout = fold_readout(basis) if fold_readout is not None else FromStream(readout, basis)
         folded.to_token_type = FromStream(folded.to_token_type, basis)
         folded.stream_basis = basis
         return folded

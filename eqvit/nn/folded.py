@@ -193,28 +193,23 @@ class FoldedMlp(nn.Module):
 
 class FoldedTokenInvariants(nn.Module):
     """:class:`~eqvit.nn.irrep_blocks.TokenInvariants` reading tokens kept in a stream basis ``Q``
-    (:mod:`eqvit.nn.stream`): ``y [..., d] -> [..., num_features]``. One linear map takes ``y`` back to the
-    coordinates the readout reads, the trivial ones first, then every group's; one GEMM sums each group's squares.
-    No clamp before the square root: it only keeps a gradient finite, and this form has none."""
+    (:mod:`eqvit.nn.stream`): ``y [..., d] -> [..., num_features]``. One linear map takes ``y`` back to the trivial
+    coordinates and then to all of them, whose squares the readout's own membership GEMM sums by group. No clamp
+    before the square root: it only keeps a gradient finite, and this form has none."""
 
     def __init__(self, readout: nn.Module, basis: nn.Module) -> None:
         super().__init__()
-        grouped = [torch.as_tensor(g, dtype=torch.int64) for g in readout.groups]
-        order = torch.cat([torch.as_tensor(readout.trivial, dtype=torch.int64), *grouped])
+        q = basis.matrix
         self.num_trivial = len(readout.trivial)
-        self.register_buffer("weight", frozen(basis.matrix[order]))  # x[..., order] = y Q^T[:, order]
-        membership = torch.zeros(len(order) - self.num_trivial, len(grouped), dtype=basis.matrix.dtype)
-        start = 0
-        for k, g in enumerate(grouped):
-            membership[start : start + len(g), k] = 1.0
-            start += len(g)
-        self.register_buffer("membership", membership)
+        # [x_trivial, x] = y Q^T[:, trivial + all]
+        self.register_buffer("weight", frozen(torch.cat([q[readout.trivial_index], q])))
+        self.register_buffer("membership", frozen(readout.membership.to(q.dtype)))
         self.in_type, self.num_features = None, readout.num_features
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
         x = F.linear(y, self.weight)
-        grouped = x[..., self.num_trivial :]
-        return torch.cat([x[..., : self.num_trivial], ((grouped * grouped) @ self.membership).sqrt()], dim=-1)
+        tokens = x[..., self.num_trivial :]
+        return torch.cat([x[..., : self.num_trivial], ((tokens * tokens) @ self.membership).sqrt()], dim=-1)
 
 
 class FoldedAPE(PositionalScheme):

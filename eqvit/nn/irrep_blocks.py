@@ -183,7 +183,8 @@ class TokenInvariants(nn.Module):
 
     def fold_in_stream(self, basis: nn.Module) -> nn.Module:
         """The inference form reading tokens kept in ``basis`` (:class:`~eqvit.nn.stream.StreamBasis`): the map
-        back to the coordinates it reads folded into one linear map (:class:`~eqvit.nn.folded.FoldedTokenInvariants`)."""
+        back to the coordinates it reads folded into one linear map
+        (:class:`~eqvit.nn.folded.FoldedTokenInvariants`)."""
         from eqvit.nn.folded import FoldedTokenInvariants
 
         return FoldedTokenInvariants(self, basis)

@@ -24,8 +24,8 @@ from torch import nn
 class StreamBasis(nn.Module):
     """An orthogonal change of basis ``Q [d, d]`` of a residual stream: a token ``x [..., d]`` is kept as ``x @ Q``.
 
-    The method names say what a dense layer ``F.linear(x, weight, bias)`` becomes: :meth:`writing` one whose
-    output goes into the stream, :meth:`reading` one whose input comes from it.
+    :meth:`writing` turns a dense layer ``F.linear(x, weight, bias)`` whose output goes into the stream; a layer
+    reading the stream after a norm folds the norm's :class:`NormOutput` instead.
     """
 
     def __init__(self, matrix: torch.Tensor) -> None:
@@ -62,13 +62,10 @@ class StreamBasis(nn.Module):
         q = self.matrix.to(weight.dtype)
         return q.T @ weight, None if bias is None else bias @ q
 
-    def reading(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(weight [out, d], bias)`` of a layer reading the stream, made to read it in this basis."""
-        return weight @ self.matrix.to(weight.dtype), bias
-
 
 class NormOutput:
-    """What a folded norm hands the layer after it: ``u [..., d]`` standing for the norm's output ``u @ matrix + shift``.
+    """What a folded norm hands the layer after it: ``u [..., d]`` standing for the norm's output
+    ``u @ matrix + shift``.
 
     The layer folds it into its weights (:meth:`reading`), so the norm itself is a bare ``F.layer_norm``.
     """
@@ -86,7 +83,8 @@ class NormOutput:
 
 
 class LayerNormCore(nn.Module):
-    """``F.layer_norm`` over the last axis without an affine (the layer after it holds that): ``[..., d] -> [..., d]``."""
+    """``F.layer_norm`` over the last axis without an affine (the layer after it holds that):
+    ``[..., d] -> [..., d]``."""
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None) -> None:
         super().__init__()

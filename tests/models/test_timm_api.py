@@ -445,9 +445,7 @@ def test_layer_decay_optimizer(name):
     by_name = {n: scale[id(p)] for n, p in named.items()}
     depth = len(model.blocks)
     first = "tokenizer.prefix.cls_token" if "tokenizer.prefix.cls_token" in by_name else "tokenizer.weight"
-    assert by_name[first] == 0.75 ** (
-        depth + 1
-    )
+    assert by_name[first] == 0.75 ** (depth + 1)
     block_scales = [max(v for n, v in by_name.items() if n.startswith(f"blocks.{i}.")) for i in range(depth)]
     assert block_scales == sorted(block_scales) and len(set(block_scales)) == depth
     assert by_name["head.fc.weight"] == 1.0

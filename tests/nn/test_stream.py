@@ -140,6 +140,8 @@ def test_a_wrong_stream_basis_changes_the_features():
     with torch.no_grad():
         folded.to_token_type.basis.matrix.copy_(torch.eye(model.embed_dim, dtype=torch.float64))
         maps = folded.forward_intermediates(x, intermediates_only=True, output_fmt="NLC")
-        assert (maps[-1] - model.forward_intermediates(x, intermediates_only=True, output_fmt="NLC")[-1]).abs().max() > 1e-3
+        assert (
+            maps[-1] - model.forward_intermediates(x, intermediates_only=True, output_fmt="NLC")[-1]
+        ).abs().max() > 1e-3
         folded.readout.weight.copy_(folded.readout.weight.flip(0))
         assert (folded.forward_features(x) - model.forward_features(x)).abs().max() > 1e-3
