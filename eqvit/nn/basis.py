@@ -62,12 +62,17 @@ class NoRotary(torch.nn.Module):
     """No rotary scheme: the stacked ``qkv [B, N, 3 dim]`` passes unchanged (a ValueError if one is given)."""
 
     def forward(self, qkv: torch.Tensor, rope=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        self.check(rope)
+        return qkv
+
+    @staticmethod
+    def check(rope) -> None:
+        """ValueError if a rotary scheme is given (for attentions that skip calling this module on q/k/v)."""
         if rope is not None:
             raise ValueError(
                 "this attention was built without a rotary scheme; build the model with posenc='frame_rope' "
                 "to use frame RoPE"
             )
-        return qkv
 
 
 class FrameRotary(ExactBuffers):

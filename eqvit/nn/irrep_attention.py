@@ -482,14 +482,89 @@ def schur_attend(
         qkv = rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
         return proj(attend_heads(qkv, groups, sdpa).index_select(-1, out_index))
     _, h, size = groups[0]
-    # Slab t holds (q|k|v, component, copy): [..., 3, d, h, c] -> heads [..., 3, h, d c].
-    slabs = slab_outputs(x, plan, mats, biases)
-    pieces = [s.unflatten(-1, (3, d, h, c)).transpose(-3, -2).flatten(-2) for s, (d, c) in zip(slabs, slab_heads)]
-    qkv = rotary(torch.cat(pieces, dim=-1).flatten(-3), rope, num_prefix_tokens)
-    heads = attend_heads(qkv, groups, sdpa)
-    lead = heads.shape[:-1]
-    out = project_heads(heads.reshape(-1, h, size), slab_heads, proj.plan, *proj.slab_weights())
+    lead = x.shape[:-1]
+    if isinstance(rotary, NoRotary):
+        rotary.check(rope)
+        # q, k, v written straight into SDPA's layout, [B, h, N, size] each (:class:`_QkvHeads`)
+        q, k, v = qkv_heads(x.reshape(-1, x.shape[-1]), x.shape[0], slab_heads, plan, mats, biases)
+        heads = sdpa(q, k, v)
+    else:
+        # Slab t holds (q|k|v, component, copy): [..., 3, d, h, c] -> heads [..., 3, h, d c].
+        slabs = slab_outputs(x, plan, mats, biases)
+        pieces = [s.unflatten(-1, (3, d, h, c)).transpose(-3, -2).flatten(-2) for s, (d, c) in zip(slabs, slab_heads)]
+        qkv = rotary(torch.cat(pieces, dim=-1).flatten(-3), rope, num_prefix_tokens)
+        q, k, v = qkv.reshape(*qkv.shape[:2], 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
+        heads = sdpa(q, k, v)  # [B, h, N, size]
+    out = project_heads(heads, slab_heads, proj.plan, *proj.slab_weights())
     return out.view(*lead, proj.plan.out_dim)
+
+
+def qkv_heads(
+    x: torch.Tensor,
+    batch: int,
+    slab_heads: Sequence[tuple[int, int]],
+    plan: SlabPlan,
+    mats: Sequence[torch.Tensor | None],
+    biases: Sequence[torch.Tensor | None],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The stacked q/k/v Schur slabs of coupled heads on tokens ``x [B N, dim]``, as SDPA's ``q, k, v``
+    ``[B, h, N, size]`` (``batch``: B)."""
+    weights, index = distinct_weights([*mats, *biases])
+    return _QkvHeads.apply(x, batch, tuple(slab_heads), plan, index, *weights)
+
+
+class _QkvHeads(torch.autograd.Function):
+    """:func:`qkv_heads`: the slabs' products copied once into one ``[3, B, h, N, size]`` buffer, whose three
+    parts are q, k and v. Under autograd the same layout takes three copies back in backward (the permute's,
+    the ``cat``'s pieces, the reshape of each piece); here it takes one, from the three gradients into the
+    slabs' gradient ``[B N, out]``. Autocast: computes in the autocast dtype, as ``F.linear`` would."""
+
+    @staticmethod
+    def forward(ctx, x, batch, slab_heads, plan: SlabPlan, index: tuple[int, ...], *weights):
+        # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
+        dtype = autocast_dtype(x.device.type) or x.dtype
+        mats, biases = weights_at([w.to(dtype) for w in weights], index, len(plan.terms))
+        slabs = slab_outputs(x.to(dtype), plan, mats, biases)
+        B, N = batch, len(x) // batch
+        h = slabs[0].shape[-1] // (3 * slab_heads[0][0] * slab_heads[0][1])
+        size = sum(d * c for d, c in slab_heads)
+        qkv = x.new_empty(3, B, h, N, size, dtype=dtype)
+        start = 0
+        for slab, (d, c) in zip(slabs, slab_heads):  # slab [B N, 3 d h c] -> [3, B, h, N, d c]
+            part = qkv[..., start : start + d * c].unflatten(-1, (d, c))
+            part.copy_(slab.view(B, N, 3, d, h, c).permute(2, 0, 4, 1, 3, 5))
+            start += d * c
+        ctx.slab_heads, ctx.plan, ctx.index = slab_heads, plan, index
+        ctx.save_for_backward(x, *weights)
+        return qkv[0], qkv[1], qkv[2]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_q, grad_k, grad_v):
+        x, *weights = ctx.saved_tensors
+        plan, slab_heads = ctx.plan, ctx.slab_heads
+        dtype = grad_q.dtype
+        B, h, N, _ = grad_q.shape
+        grad = grad_q.new_empty(B * N, plan.out_dim)  # the slabs' gradients side by side, written in place
+        start, column = 0, 0
+        for d, c in slab_heads:
+            width = 3 * d * h * c
+            target = grad[:, column : column + width].view(B, N, 3, d, h, c)
+            for i, g in enumerate((grad_q, grad_k, grad_v)):  # [B, h, N, d c] -> [B, N, d, h, c]
+                target[:, :, i].copy_(g[..., start : start + d * c].unflatten(-1, (d, c)).permute(0, 2, 3, 1, 4))
+            start, column = start + d * c, column + width
+        x_slabs = [[piece] for piece in x.to(dtype).split(plan.in_sizes, dim=-1)]
+        cast = [w.to(dtype) for w in weights]
+        grad_weights, grad_pieces = slab_linear_grads(grad, plan, ctx.index, cast, ctx.needs_input_grad[5:], x_slabs)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            parts = [
+                grad_pieces[s][0] if s in grad_pieces else x.new_zeros(len(x), w, dtype=dtype)
+                for s, w in enumerate(plan.in_sizes)
+            ]
+            grad_x = (torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]).to(x.dtype)
+        grad_weights = [None if g is None else g.to(w.dtype) for g, w in zip(grad_weights, weights)]
+        return (grad_x, None, None, None, None, *grad_weights)
 
 
 def project_heads(
@@ -499,19 +574,19 @@ def project_heads(
     mats: Sequence[torch.Tensor | None],
     biases: Sequence[torch.Tensor | None],
 ) -> torch.Tensor:
-    """The projection of coupled heads' outputs ``[T, h, size] -> [T, out]``.
+    """The projection of coupled heads' outputs, SDPA's ``[B, h, N, size]`` -> ``[B N, out]``.
 
-    Input slab ``t`` of the projection is ``[d_t, h, c_t]`` in storage order, while the heads hold it as
-    ``[h, d_t, c_t]``: the slabs are a reordered copy of the heads. Autograd would keep that copy beside SDPA's
+    Input slab ``t`` of the projection is ``[d_t, h, c_t]`` per token in storage order, while the heads hold it as
+    ``[h, N, d_t c_t]``: the slabs are a reordered copy of the heads. Autograd would keep that copy beside SDPA's
     own output; :class:`_ProjectHeads` keeps the heads alone and reorders them again in backward."""
     weights, index = distinct_weights([*mats, *biases])
     return _ProjectHeads.apply(heads, tuple(slab_heads), plan, index, *weights)
 
 
 def _head_slabs(heads: torch.Tensor, slab_heads: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
-    """Heads ``[T, h, size]`` -> the projection's input slabs ``[T, d h c]`` (storage order ``[d, h, c]``)."""
+    """Heads ``[B, h, N, size]`` -> the projection's input slabs ``[B N, d h c]`` (storage order ``[d, h, c]``)."""
     parts = heads.split([d * c for d, c in slab_heads], dim=-1)
-    return [p.unflatten(-1, dc).transpose(-3, -2).flatten(-3) for p, dc in zip(parts, slab_heads)]
+    return [p.unflatten(-1, dc).permute(0, 2, 3, 1, 4).flatten(0, 1).flatten(1) for p, dc in zip(parts, slab_heads)]
 
 
 class _ProjectHeads(torch.autograd.Function):
@@ -532,22 +607,24 @@ class _ProjectHeads(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         heads, *weights = ctx.saved_tensors
-        slab_heads, h = ctx.slab_heads, heads.shape[1]
+        slab_heads = ctx.slab_heads
         with autocast_as(heads.device.type, ctx.amp_dtype):
             slabs = _head_slabs(heads, slab_heads)
             grad_weights, grad_slabs = slab_linear_grads(
                 grad, ctx.plan, ctx.index, weights, ctx.needs_input_grad[4:], [[slab] for slab in slabs]
             )
             slabs = None  # free the copy before the gradient's (peak memory; `del` would stop torch.compile)
-            # back to the heads' order: slab [T, d h c] as [T, d, h, c] -> [T, h, d c]
-            pieces = [
-                (grad_slabs[s][0] if s in grad_slabs else heads.new_zeros(()).expand(len(heads), d * h * c))
-                .unflatten(-1, (d, h, c))
-                .transpose(-3, -2)
-                .flatten(-2)
-                for s, (d, c) in enumerate(slab_heads)
-            ]
-            grad_heads = torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0].contiguous()
+            # back to the heads' order, written in place: slab [B N, d h c] as [B, N, d, h, c] -> [B, h, N, d c]
+            B, h, N, _ = heads.shape
+            grad_heads = torch.empty_like(heads)
+            start = 0
+            for s, (d, c) in enumerate(slab_heads):
+                target = grad_heads[..., start : start + d * c].unflatten(-1, (d, c))
+                if s in grad_slabs:
+                    target.copy_(grad_slabs[s][0].view(B, N, d, h, c).permute(0, 3, 1, 2, 4))
+                else:
+                    target.zero_()
+                start += d * c
         return (grad_heads, None, None, None, *grad_weights)
 
 

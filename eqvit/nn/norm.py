@@ -66,10 +66,12 @@ class _IrrepLayerNorm(torch.autograd.Function):
         # dz = (g - u (u . g)) / den with g = gamma dy; dx = dz + (dz @ mask) n.
         unit, den, neg_center_col, mask, gamma = ctx.saved_tensors
         lead = tuple(range(grad.ndim - 1))
-        grad_gamma = (grad * unit).sum(lead) if ctx.needs_input_grad[3] else None
         grad_beta = grad.sum(lead) if ctx.needs_input_grad[4] else None
-        g = grad * gamma
-        dz = g.addcmul_(unit, torch.linalg.vecdot(unit, g).unsqueeze(-1), value=-1).div_(den)
+        # u . g = (dy * u) @ gamma: one pass over dy * u, which gamma's gradient sums too; then its buffer holds dz
+        work = grad * unit
+        grad_gamma = work.sum(lead) if ctx.needs_input_grad[3] else None
+        u_dot_g = (work @ gamma).unsqueeze(-1)
+        dz = torch.mul(grad, gamma, out=work).addcmul_(unit, u_dot_g, value=-1).div_(den)
         grad_x = dz.addcmul_(dz @ mask.unsqueeze(-1), neg_center_col.squeeze(-1))
         return grad_x, None, None, grad_gamma, grad_beta, None
 

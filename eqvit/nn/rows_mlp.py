@@ -27,6 +27,8 @@ from eqvit.nn.schur import (
     SlabPlan,
     autocast_as,
     autocast_dtype,
+    constant_slab,
+    cut_slabs,
     distinct_weights,
     rows_in,
     rows_out,
@@ -92,9 +94,21 @@ def rows_mlp(
 
 def rows_mlp_lean(fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """:func:`rows_mlp` without hidden dropout, keeping one hidden-sized tensor for backward instead of two
-    (:func:`transformed_rows_in`). Needs ``activation_kind(act.act)``. ``x [..., in] -> [..., out]``."""
-    values, n = _pre_activation(fc1, act, x)
-    y = transformed_rows_in(values, act.slab_forward, fc2, n, activation_kind(act.act))
+    (:class:`_LeanRowsMlp`). Needs ``activation_kind(act.act)``. ``x [..., in] -> [..., out]``."""
+    s = act.slab_inverse.shape[0]
+    n = act.in_type.dim // s
+    (mats1, biases1), (mats2, biases2) = fc1.slab_weights(), fc2.slab_weights()
+    weights1, index1 = distinct_weights([*mats1, *biases1])
+    weights2, index2 = distinct_weights([*mats2, *biases2])
+    y = _LeanRowsMlp.apply(
+        x.reshape(-1, x.shape[-1]),
+        act.slab_inverse,
+        act.slab_forward,
+        activation_kind(act.act),
+        (fc1.plan, index1, fc2.plan, index2, n, len(weights1)),
+        *weights1,
+        *weights2,
+    )
     return y.view(*x.shape[:-1], fc2.plan.out_dim)
 
 
@@ -137,9 +151,9 @@ def _column_blocks(width: int) -> list[slice]:
 def _transformed_rows_blocked(values: torch.Tensor, transform: torch.Tensor, kind: str, n: int) -> torch.Tensor:
     """:func:`_transformed_rows` a block of columns at a time (no autograd: a Function's backward)."""
     act, rows = _ACTIVATIONS[kind][0], torch.empty_like(values)
-    transform = transform.to(values.dtype)  # out= skips autocast: cast as autocast would
-    for cols in _column_blocks(values.shape[1]):
-        torch.mm(transform, act(values[:, cols]), out=rows[:, cols])
+    transform = transform.to(values.dtype)  # the values' dtype, as autocast would cast it
+    for cols in _column_blocks(values.shape[1]):  # not a strided out=, which torch.compile refuses
+        rows[:, cols] = torch.mm(transform, act(values[:, cols]))
     return rows.view(values.shape[0], -1, n)
 
 
@@ -184,3 +198,175 @@ class _TransformedRowsIn(torch.autograd.Function):
             hidden = rows = outs = None
             grad_values = _activation_grad_blocked(grad_hidden.flatten(1), transform, values, ctx.kind)
         return (grad_values, None, None, None, None, None, *grad_weights)
+
+
+# ------------------------------------------------------------------------------------ the lean MLP, whole
+# Hidden coordinates per block of the lean MLP's elementwise-and-transform passes. A block is [s, k, T]: over
+# the coordinates, which the layer fixes, not over the tokens, whose number torch.export keeps free. 16 keeps
+# a block's tensors in cache at ViT-S batch 8 (1,576 tokens: 0.8 MB each).
+_BLOCK_COORDINATES = 16
+
+
+def _coordinate_blocks(n: int) -> list[slice]:
+    return [slice(start, start + _BLOCK_COORDINATES) for start in range(0, n, _BLOCK_COORDINATES)]
+
+
+def _write_rows(x: torch.Tensor, plan: SlabPlan, mats, biases, rows: torch.Tensor) -> None:
+    """A Schur linear ``x [T, in]`` into ``rows [s, n, T]`` (row ``r`` = output coordinates ``[r n, (r + 1) n)``,
+    transposed): one GEMM per row, written in place."""
+    n, T = rows.shape[1], rows.shape[2]
+    slabs, r, start = cut_slabs(x, plan), 0, 0
+    for (s, width), w, b in zip(plan.terms, mats, biases):
+        count = slab_rows(start, width, n)
+        start += width
+        for j in range(count):
+            bias = None if b is None else b[j * n : (j + 1) * n, None]
+            if s < 0:
+                rows[r].zero_() if bias is None else rows[r].copy_(bias.expand(n, T))
+            elif bias is None:
+                torch.mm(w[j * n : (j + 1) * n], slabs[s].T, out=rows[r])
+            else:
+                torch.addmm(bias, w[j * n : (j + 1) * n], slabs[s].T, out=rows[r])
+            r += 1
+
+
+def _read_rows(rows: torch.Tensor, plan: SlabPlan, mats, biases) -> torch.Tensor:
+    """A Schur linear on features held as ``rows [s, n, T]`` (:func:`_write_rows`) -> ``[T, out]``."""
+    n, T = rows.shape[1], rows.shape[2]
+    offsets, outs = plan.in_offsets, []
+    for (s, width), w, b in zip(plan.terms, mats, biases):
+        if s < 0:
+            outs.append(constant_slab(rows, (T,), width, b))
+            continue
+        first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
+        parts = w.split(n, dim=1)
+        y = torch.mm(rows[first].T, parts[0].T) if b is None else torch.addmm(b, rows[first].T, parts[0].T)
+        for j in range(1, count):
+            y = torch.addmm(y, rows[first + j].T, parts[j].T)  # not addmm_: FlopCounterMode counts this one
+        outs.append(y)
+    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+
+
+class _LeanRowsMlp(torch.autograd.Function):
+    """:func:`rows_mlp_lean`: ``fc2(FT sigma(FT^-1 fc1(x)))`` on tokens ``x [T, in]``, its backward written out.
+
+    The hidden features live in one buffer of rows ``[s, n, T]``: ``fc1`` writes it row by row (one GEMM per
+    row, no stack), and the two changes of basis and ``sigma`` run a block of coordinates at a time, so the
+    block stays in cache between them (three passes over a hidden-sized tensor in memory would be slower than
+    the GEMMs around them). It keeps the pre-activation values alone for backward, recomputing the activated
+    rows for ``fc2``'s weight gradient; backward reuses its buffers in place. Autocast: the forward computes in
+    the autocast dtype, casting explicitly (``out=`` skips autocast), and the backward in the forward's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, x, to_values, transform, kind: str, layout: tuple, *weights):
+        # layout: (fc1's plan, its weights' index, fc2's plan, its index, row width n, number of fc1's weights);
+        # an index gives per output slab its matrix, then its bias, among the distinct weights (-1: None).
+        plan1, index1, plan2, index2, n, count1 = layout
+        dtype = autocast_dtype(x.device.type) or x.dtype
+        cast = [w.to(dtype) for w in weights]
+        mats1, biases1 = weights_at(cast[:count1], index1, len(plan1.terms))
+        mats2, biases2 = weights_at(cast[count1:], index2, len(plan2.terms))
+        to_values, transform, act = to_values.to(dtype), transform.to(dtype), _ACTIVATIONS[kind][0]
+        rows = x.new_empty(len(to_values), n, x.shape[0], dtype=dtype)
+        _write_rows(x.to(dtype), plan1, mats1, biases1, rows)
+        values = []  # per block [s, k T], kept for backward: new tensors (torch.compile takes no strided out=)
+        for block in _coordinate_blocks(n):
+            coefficients = rows[:, block]
+            values.append(torch.mm(to_values, coefficients.flatten(1)))
+            coefficients.copy_(torch.mm(transform, act(values[-1])).view_as(coefficients))  # activated, in place
+        ctx.kind, ctx.layout = kind, layout
+        ctx.save_for_backward(x, to_values, transform, *values, *weights)
+        return _read_rows(rows, plan2, mats2, biases2)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        plan1, index1, plan2, index2, n, count1 = ctx.layout
+        blocks = _coordinate_blocks(n)
+        x, to_values, transform, *saved = ctx.saved_tensors
+        values, weights = saved[: len(blocks)], saved[len(blocks) :]
+        act, act_grad = _ACTIVATIONS[ctx.kind]
+        dtype, T = values[0].dtype, x.shape[0]
+        cast = [w.to(dtype) for w in weights]
+        needed = ctx.needs_input_grad[5:]
+        # one buffer: the activated rows (recomputed), then their gradients, then those of fc1's output rows
+        rows = values[0].new_empty(len(to_values), n, T)
+        for block, pre in zip(blocks, values):  # copy_, not a strided out=, which torch.compile refuses
+            rows[:, block].copy_(torch.mm(transform, act(pre)).view(len(transform), -1, T))
+        grads2 = _read_rows_grads(grad.to(dtype), plan2, index2, cast[count1:], needed[count1:], rows)
+        for block, pre in zip(blocks, values):
+            g = rows[:, block]
+            g.copy_(torch.mm(to_values.T, act_grad(torch.mm(transform.T, g.flatten(1)), pre)).view_as(g))
+        grads1, grad_x = _write_rows_grads(
+            rows, plan1, index1, cast[:count1], needed[:count1], x.to(dtype), ctx.needs_input_grad[0]
+        )
+        grads = [None if g is None else g.to(w.dtype) for g, w in zip(grads1 + grads2, weights)]
+        return (None if grad_x is None else grad_x.to(x.dtype), None, None, None, None, *grads)
+
+
+def _accumulate(grads: list, k: int, value: torch.Tensor) -> None:
+    grads[k] = value if grads[k] is None else grads[k] + value
+
+
+def _read_rows_grads(grad, plan: SlabPlan, index, weights, needed, rows) -> list:
+    """The backward of :func:`_read_rows`: the gradients of the distinct ``weights`` (:func:`distinct_weights`),
+    then the rows' gradients written over ``rows [s, n, T]`` itself (zeros for rows no output reads): the weight
+    gradients read every row first, and the buffer is not needed twice."""
+    n, terms, offsets = rows.shape[1], len(plan.terms), plan.in_offsets
+    grads: list = [None] * len(weights)
+    grad_terms, start = [], 0
+    for t, (s, width) in enumerate(plan.terms):
+        g = grad[:, start : start + width]
+        grad_terms.append(g)
+        start += width
+        m, b = index[t], index[terms + t]
+        if b >= 0 and needed[b]:
+            _accumulate(grads, b, g.sum(0))
+        if s >= 0 and needed[m]:
+            first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
+            _accumulate(grads, m, torch.cat([torch.mm(g.T, rows[first + j].T) for j in range(count)], dim=1))
+    written = set()
+    for t, (s, _) in enumerate(plan.terms):
+        if s < 0:
+            continue
+        g, first = grad_terms[t], offsets[s] // n
+        for j, part in enumerate(weights[index[t]].split(n, dim=1)):
+            target = rows[first + j]
+            torch.mm(part.T, g.T, out=target) if s not in written else target.addmm_(part.T, g.T)
+        written.add(s)
+    for s in set(range(len(plan.in_sizes))) - written:  # slabs no output reads
+        first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
+        rows[first : first + count].zero_()
+    return grads
+
+
+def _write_rows_grads(grad_rows, plan: SlabPlan, index, weights, needed, x, input_needed: bool):
+    """The backward of :func:`_write_rows`: (the gradients of the distinct ``weights``, the input's or None)."""
+    n, terms = grad_rows.shape[1], len(plan.terms)
+    slabs = cut_slabs(x, plan)
+    grads: list = [None] * len(weights)
+    grad_slabs: list = [None] * len(plan.in_sizes)
+    r, start = 0, 0
+    for t, (s, width) in enumerate(plan.terms):
+        count = slab_rows(start, width, n)
+        start += width
+        rows = grad_rows[r : r + count]
+        r += count
+        m, b = index[t], index[terms + t]
+        if b >= 0 and needed[b]:
+            _accumulate(grads, b, rows.sum(2).flatten())
+        if s < 0:
+            continue
+        if needed[m]:
+            _accumulate(grads, m, torch.cat([torch.mm(row, slabs[s]) for row in rows], dim=0))
+        if input_needed:
+            for row, part in zip(rows, weights[m].split(n)):
+                if grad_slabs[s] is None:
+                    grad_slabs[s] = torch.mm(row.T, part)
+                else:
+                    grad_slabs[s].addmm_(row.T, part)
+    if not input_needed:
+        return grads, None
+    grad_slabs = [x.new_zeros(len(x), w) if g is None else g for g, w in zip(grad_slabs, plan.in_sizes)]
+    return grads, torch.cat(grad_slabs, dim=1) if len(grad_slabs) > 1 else grad_slabs[0]

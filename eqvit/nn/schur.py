@@ -76,13 +76,14 @@ def slab_plan(in_type: FeatureType, out_type: FeatureType) -> SlabPlan:
     return SlabPlan(tuple(w for _, w in ins), tuple(terms))
 
 
-def _slabs(x: torch.Tensor | Sequence[torch.Tensor], plan: SlabPlan) -> Sequence[torch.Tensor]:
+def cut_slabs(x: torch.Tensor | Sequence[torch.Tensor], plan: SlabPlan) -> Sequence[torch.Tensor]:
+    """``x [..., in]`` cut into the plan's input slabs (views; ``x`` already cut passes as it is)."""
     if not isinstance(x, torch.Tensor):
         return x
     return x.split(plan.in_sizes, dim=-1) if len(plan.in_sizes) > 1 else (x,)
 
 
-def _constant(ref: torch.Tensor, lead: tuple[int, ...], width: int, bias: torch.Tensor | None) -> torch.Tensor:
+def constant_slab(ref: torch.Tensor, lead: tuple[int, ...], width: int, bias: torch.Tensor | None) -> torch.Tensor:
     """An output slab no input slab reaches: its bias (or zero) on every token."""
     return ref.new_zeros(*lead, width) if bias is None else bias.expand(*lead, width)
 
@@ -94,10 +95,10 @@ def slab_outputs(
     biases: Sequence[torch.Tensor | None],
 ) -> list[torch.Tensor]:
     """The output slabs of :func:`apply_slabs` as a list (``x`` may come already cut into its slabs)."""
-    slabs = _slabs(x, plan)
+    slabs = cut_slabs(x, plan)
     ref = slabs[0]
     return [
-        F.linear(slabs[s], w, b) if s >= 0 else _constant(ref, ref.shape[:-1], width, b)
+        F.linear(slabs[s], w, b) if s >= 0 else constant_slab(ref, ref.shape[:-1], width, b)
         for (s, width), w, b in zip(plan.terms, mats, biases)
     ]
 
@@ -136,11 +137,11 @@ def rows_out(
     ``[r n, (r + 1) n)``, each row one ``F.linear`` of its input slab with ``n`` rows of the slab matrix."""
     # split / unbind rather than indexing: their backward is one cat / stack, where every slice's backward
     # would zero-fill a tensor of the whole input's size.
-    slabs, rows, start = _slabs(x, plan), [], 0
+    slabs, rows, start = cut_slabs(x, plan), [], 0
     for (s, width), w, b in zip(plan.terms, mats, biases):
         count = slab_rows(start, width, n)
         if s < 0:
-            rows += [_constant(x, (len(x),), n, bias) for bias in _row_parts(b, n, count)]
+            rows += [constant_slab(x, (len(x),), n, bias) for bias in _row_parts(b, n, count)]
         else:
             rows += [F.linear(slabs[s], part, bias) for part, bias in zip(w.split(n), _row_parts(b, n, count))]
         start += width
@@ -159,7 +160,7 @@ def rows_in(
     row_list = rows.unbind(0)  # backward: one stack (indexing would zero-fill all rows per row read)
     for (s, width), w, b in zip(plan.terms, mats, biases):
         if s < 0:
-            outs.append(_constant(rows, (rows.shape[1],), width, b))
+            outs.append(constant_slab(rows, (rows.shape[1],), width, b))
             continue
         first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
         parts = w.split(n, dim=1)

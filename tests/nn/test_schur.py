@@ -260,3 +260,65 @@ def test_transformed_rows_in_backward_in_blocks_and_in_place(case, monkeypatch):
     got_grads = torch.autograd.grad((got * weight).sum(), [values, *lin.parameters()])
     for a, b in zip(grads, got_grads):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3], ids=lambda k: f"block{k}")
+def test_lean_rows_mlp_in_coordinate_blocks(block, monkeypatch):
+    """The lean MLP streams its hidden rows a block of coordinates at a time: blocks that divide the row width
+    and blocks that do not (the last one shorter) give the chain's output and gradients."""
+    from eqvit.nn import rows_mlp
+
+    monkeypatch.setattr(rows_mlp, "_BLOCK_COORDINATES", block)
+    mlp = _mlp("D4", copies=2, hidden_copies=5)  # rows of 5 coordinates
+    x = torch.randn(2, 3, mlp.in_type.dim, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 3, mlp.in_type.dim, dtype=torch.float64)
+    results = []
+    for impl in (_schur_mlp, _lean_rows_mlp):
+        out = impl(mlp, x)
+        results.append([out, *torch.autograd.grad((out * weight).sum(), [x, *mlp.parameters()])])
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_lean_rows_mlp_compiles_as_one_graph_with_several_blocks(monkeypatch):
+    """torch.compile(fullgraph=True) traces the lean MLP's forward and backward when the hidden rows come in
+    several blocks (strided ``out=`` tensors would break the graph; the tiny registered models fit one block)."""
+    from eqvit.nn import rows_mlp
+
+    monkeypatch.setattr(rows_mlp, "_BLOCK_COORDINATES", 2)
+    torch._dynamo.reset()
+    mlp = _mlp("D4", copies=2, hidden_copies=5).float()
+    x = torch.randn(2, 3, mlp.in_type.dim, requires_grad=True)
+    compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *mlp.parameters()])
+    want = _schur_mlp(mlp, x)
+    want_grads = torch.autograd.grad(want.square().sum(), [x, *mlp.parameters()])
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_transformed_rows_in_compiles_as_one_graph_with_several_blocks(monkeypatch):
+    """The same for :func:`transformed_rows_in` (the Fourier Platonic attention's projection), whose backward
+    works in blocks of columns."""
+    from eqvit.nn import rows_mlp
+
+    monkeypatch.setattr(rows_mlp, "_BLOCK_COLUMNS", 5)
+    torch._dynamo.reset()
+    V = FeatureType.regular(get_group("D4"), 3, layout="components")
+    lin = randomise_(IrrepLinear(V, V))
+    n, s = 3, V.dim // 3
+    transform = torch.randn(s, s)
+    values = torch.randn(s, 7 * n, requires_grad=True)
+
+    def f(v):
+        return rows_mlp.transformed_rows_in(v, transform, lin, n, "gelu")
+
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(values)
+    grads = torch.autograd.grad(out.square().sum(), [values, *lin.parameters()])
+    want = f(values)
+    want_grads = torch.autograd.grad(want.square().sum(), [values, *lin.parameters()])
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
