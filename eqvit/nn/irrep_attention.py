@@ -514,7 +514,7 @@ def qkv_heads(
 
 
 class _QkvHeads(torch.autograd.Function):
-    """:func:`qkv_heads`: the slabs' products copied once into one ``[3, B, h, N, size]`` buffer, whose three
+    """:func:`qkv_heads`: the slabs' products copied once into one ``[B, N, 3, h, size]`` buffer, whose three
     parts are q, k and v. Under autograd the same layout takes three copies back in backward (the permute's,
     the ``cat``'s pieces, the reshape of each piece); here it takes one, from the three gradients into the
     slabs' gradient ``[B N, out]``. Autocast: computes in the autocast dtype, as ``F.linear`` would."""
@@ -528,15 +528,18 @@ class _QkvHeads(torch.autograd.Function):
         B, N = batch, len(x) // batch
         h = slabs[0].shape[-1] // (3 * slab_heads[0][0] * slab_heads[0][1])
         size = sum(d * c for d, c in slab_heads)
-        qkv = x.new_empty(3, B, h, N, size, dtype=dtype)
+        # token-major, as timm's qkv: copies run along each token, and q, k, v are transposed views (SDPA's
+        # gradients come back alike, so backward's copies run along each token too)
+        qkv = x.new_empty(B, N, 3, h, size, dtype=dtype)
         start = 0
-        for slab, (d, c) in zip(slabs, slab_heads):  # slab [B N, 3 d h c] -> [3, B, h, N, d c]
+        for slab, (d, c) in zip(slabs, slab_heads):  # slab [B N, 3 d h c] -> [B, N, 3, h, d c]
             part = qkv[..., start : start + d * c].unflatten(-1, (d, c))
-            part.copy_(slab.view(B, N, 3, d, h, c).permute(2, 0, 4, 1, 3, 5))
+            part.copy_(slab.view(B, N, 3, d, h, c).transpose(3, 4))
             start += d * c
         ctx.slab_heads, ctx.plan, ctx.index = slab_heads, plan, index
         ctx.save_for_backward(x, *weights)
-        return qkv[0], qkv[1], qkv[2]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
 
     @staticmethod
     @once_differentiable

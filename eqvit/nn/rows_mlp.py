@@ -213,25 +213,24 @@ def _coordinate_blocks(n: int) -> list[slice]:
 
 def _write_rows(x: torch.Tensor, plan: SlabPlan, mats, biases, rows: torch.Tensor) -> None:
     """A Schur linear ``x [T, in]`` into ``rows [s, n, T]`` (row ``r`` = output coordinates ``[r n, (r + 1) n)``,
-    transposed): one GEMM per row, written in place."""
+    transposed): one GEMM per output slab, written in place (a slab's rows are one ``[width, T]`` block)."""
     n, T = rows.shape[1], rows.shape[2]
-    slabs, r, start = cut_slabs(x, plan), 0, 0
+    slabs, start = cut_slabs(x, plan), 0
     for (s, width), w, b in zip(plan.terms, mats, biases):
-        count = slab_rows(start, width, n)
+        first, count = start // n, slab_rows(start, width, n)
         start += width
-        for j in range(count):
-            bias = None if b is None else b[j * n : (j + 1) * n, None]
-            if s < 0:
-                rows[r].zero_() if bias is None else rows[r].copy_(bias.expand(n, T))
-            elif bias is None:
-                torch.mm(w[j * n : (j + 1) * n], slabs[s].T, out=rows[r])
-            else:
-                torch.addmm(bias, w[j * n : (j + 1) * n], slabs[s].T, out=rows[r])
-            r += 1
+        target = rows[first : first + count].flatten(0, 1)  # [width, T], contiguous
+        if s < 0:
+            target.zero_() if b is None else target.copy_(b[:, None].expand(width, T))
+        elif b is None:
+            torch.mm(w, slabs[s].T, out=target)
+        else:
+            torch.addmm(b[:, None], w, slabs[s].T, out=target)
 
 
 def _read_rows(rows: torch.Tensor, plan: SlabPlan, mats, biases) -> torch.Tensor:
-    """A Schur linear on features held as ``rows [s, n, T]`` (:func:`_write_rows`) -> ``[T, out]``."""
+    """A Schur linear on features held as ``rows [s, n, T]`` (:func:`_write_rows`) -> ``[T, out]``: one GEMM per
+    output slab on its input slab's rows."""
     n, T = rows.shape[1], rows.shape[2]
     offsets, outs = plan.in_offsets, []
     for (s, width), w, b in zip(plan.terms, mats, biases):
@@ -239,11 +238,8 @@ def _read_rows(rows: torch.Tensor, plan: SlabPlan, mats, biases) -> torch.Tensor
             outs.append(constant_slab(rows, (T,), width, b))
             continue
         first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
-        parts = w.split(n, dim=1)
-        y = torch.mm(rows[first].T, parts[0].T) if b is None else torch.addmm(b, rows[first].T, parts[0].T)
-        for j in range(1, count):
-            y = torch.addmm(y, rows[first + j].T, parts[j].T)  # not addmm_: FlopCounterMode counts this one
-        outs.append(y)
+        source = rows[first : first + count].flatten(0, 1).T  # [T, in slab]
+        outs.append(torch.mm(source, w.T) if b is None else torch.addmm(b, source, w.T))
     return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
@@ -315,29 +311,27 @@ def _read_rows_grads(grad, plan: SlabPlan, index, weights, needed, rows) -> list
     gradients read every row first, and the buffer is not needed twice."""
     n, terms, offsets = rows.shape[1], len(plan.terms), plan.in_offsets
     grads: list = [None] * len(weights)
-    grad_terms, start = [], 0
-    for t, (s, width) in enumerate(plan.terms):
-        g = grad[:, start : start + width]
-        grad_terms.append(g)
-        start += width
+    grad_terms = grad.split([width for _, width in plan.terms], dim=1)
+
+    def source(s: int) -> torch.Tensor:  # input slab s's rows as one [in slab, T] block
+        first = offsets[s] // n
+        return rows[first : first + slab_rows(offsets[s], plan.in_sizes[s], n)].flatten(0, 1)
+
+    for t, (s, _) in enumerate(plan.terms):
         m, b = index[t], index[terms + t]
         if b >= 0 and needed[b]:
-            _accumulate(grads, b, g.sum(0))
+            _accumulate(grads, b, grad_terms[t].sum(0))
         if s >= 0 and needed[m]:
-            first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
-            _accumulate(grads, m, torch.cat([torch.mm(g.T, rows[first + j].T) for j in range(count)], dim=1))
+            _accumulate(grads, m, torch.mm(grad_terms[t].T, source(s).T))
     written = set()
     for t, (s, _) in enumerate(plan.terms):
         if s < 0:
             continue
-        g, first = grad_terms[t], offsets[s] // n
-        for j, part in enumerate(weights[index[t]].split(n, dim=1)):
-            target = rows[first + j]
-            torch.mm(part.T, g.T, out=target) if s not in written else target.addmm_(part.T, g.T)
+        target, g, w = source(s), grad_terms[t], weights[index[t]]
+        torch.mm(w.T, g.T, out=target) if s not in written else target.addmm_(w.T, g.T)
         written.add(s)
     for s in set(range(len(plan.in_sizes))) - written:  # slabs no output reads
-        first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
-        rows[first : first + count].zero_()
+        source(s).zero_()
     return grads
 
 
@@ -347,25 +341,21 @@ def _write_rows_grads(grad_rows, plan: SlabPlan, index, weights, needed, x, inpu
     slabs = cut_slabs(x, plan)
     grads: list = [None] * len(weights)
     grad_slabs: list = [None] * len(plan.in_sizes)
-    r, start = 0, 0
+    start = 0
     for t, (s, width) in enumerate(plan.terms):
-        count = slab_rows(start, width, n)
+        first, count = start // n, slab_rows(start, width, n)
         start += width
-        rows = grad_rows[r : r + count]
-        r += count
+        g = grad_rows[first : first + count].flatten(0, 1)  # [width, T]
         m, b = index[t], index[terms + t]
         if b >= 0 and needed[b]:
-            _accumulate(grads, b, rows.sum(2).flatten())
+            _accumulate(grads, b, g.sum(1))
         if s < 0:
             continue
         if needed[m]:
-            _accumulate(grads, m, torch.cat([torch.mm(row, slabs[s]) for row in rows], dim=0))
+            _accumulate(grads, m, torch.mm(g, slabs[s]))
         if input_needed:
-            for row, part in zip(rows, weights[m].split(n)):
-                if grad_slabs[s] is None:
-                    grad_slabs[s] = torch.mm(row.T, part)
-                else:
-                    grad_slabs[s].addmm_(row.T, part)
+            w = weights[m]
+            grad_slabs[s] = torch.mm(g.T, w) if grad_slabs[s] is None else grad_slabs[s].addmm_(g.T, w)
     if not input_needed:
         return grads, None
     grad_slabs = [x.new_zeros(len(x), w) if g is None else g for g, w in zip(grad_slabs, plan.in_sizes)]
