@@ -514,10 +514,10 @@ def qkv_heads(
 
 
 class _QkvHeads(torch.autograd.Function):
-    """:func:`qkv_heads`: the slabs' products copied once into one ``[B, N, 3, h, size]`` buffer, whose three
-    parts are q, k and v. Under autograd the same layout takes three copies back in backward (the permute's,
-    the ``cat``'s pieces, the reshape of each piece); here it takes one, from the three gradients into the
-    slabs' gradient ``[B N, out]``. Autocast: computes in the autocast dtype, as ``F.linear`` would."""
+    """:func:`qkv_heads`: the slabs' products joined once into one token-major ``[B, N, 3, h, size]`` tensor, whose
+    three parts are q, k and v. Backward writes the three gradients into the slabs' gradient ``[B N, out]`` directly,
+    where autograd through the same ops would also stack them and reshape every piece. Autocast: computes in the
+    autocast dtype, as ``F.linear`` would."""
 
     @staticmethod
     def forward(ctx, x, batch, slab_heads, plan: SlabPlan, index: tuple[int, ...], *weights):
@@ -527,15 +527,10 @@ class _QkvHeads(torch.autograd.Function):
         slabs = slab_outputs(x.to(dtype), plan, mats, biases)
         B, N = batch, len(x) // batch
         h = slabs[0].shape[-1] // (3 * slab_heads[0][0] * slab_heads[0][1])
-        size = sum(d * c for d, c in slab_heads)
-        # token-major, as timm's qkv: copies run along each token, and q, k, v are transposed views (SDPA's
-        # gradients come back alike, so backward's copies run along each token too)
-        qkv = x.new_empty(B, N, 3, h, size, dtype=dtype)
-        start = 0
-        for slab, (d, c) in zip(slabs, slab_heads):  # slab [B N, 3 d h c] -> [B, N, 3, h, d c]
-            part = qkv[..., start : start + d * c].unflatten(-1, (d, c))
-            part.copy_(slab.view(B, N, 3, d, h, c).transpose(3, 4))
-            start += d * c
+        # token-major, as timm's qkv [B, N, 3, h, size] (one cat of the slabs' pieces, each [B, N, 3, h, d c]); q, k
+        # and v are transposed views of it
+        pieces = [slab.view(B, N, 3, d, h, c).transpose(3, 4).flatten(-2) for slab, (d, c) in zip(slabs, slab_heads)]
+        qkv = torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0].contiguous()
         ctx.slab_heads, ctx.plan, ctx.index = slab_heads, plan, index
         ctx.save_for_backward(x, *weights)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
