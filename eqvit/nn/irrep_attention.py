@@ -486,7 +486,7 @@ def schur_attend(
     if isinstance(rotary, NoRotary):
         rotary.check(rope)
         # q, k, v written straight into SDPA's layout, [B, h, N, size] each (:class:`_QkvHeads`)
-        q, k, v = qkv_heads(x.reshape(-1, x.shape[-1]), x.shape[0], slab_heads, plan, mats, biases)
+        q, k, v = qkv_heads(x.reshape(-1, x.shape[-1]), x.shape[1], slab_heads, plan, mats, biases)
         heads = sdpa(q, k, v)
     else:
         # Slab t holds (q|k|v, component, copy): [..., 3, d, h, c] -> heads [..., 3, h, d c].
@@ -501,16 +501,16 @@ def schur_attend(
 
 def qkv_heads(
     x: torch.Tensor,
-    batch: int,
+    tokens: int,
     slab_heads: Sequence[tuple[int, int]],
     plan: SlabPlan,
     mats: Sequence[torch.Tensor | None],
     biases: Sequence[torch.Tensor | None],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The stacked q/k/v Schur slabs of coupled heads on tokens ``x [B N, dim]``, as SDPA's ``q, k, v``
-    ``[B, h, N, size]`` (``batch``: B)."""
+    ``[B, h, N, size]`` (``tokens``: N, per image)."""
     weights, index = distinct_weights([*mats, *biases])
-    return _QkvHeads.apply(x, batch, tuple(slab_heads), plan, index, *weights)
+    return _QkvHeads.apply(x, tokens, tuple(slab_heads), plan, index, *weights)
 
 
 class _QkvHeads(torch.autograd.Function):
@@ -520,12 +520,12 @@ class _QkvHeads(torch.autograd.Function):
     autocast dtype, as ``F.linear`` would."""
 
     @staticmethod
-    def forward(ctx, x, batch, slab_heads, plan: SlabPlan, index: tuple[int, ...], *weights):
+    def forward(ctx, x, tokens, slab_heads, plan: SlabPlan, index: tuple[int, ...], *weights):
         # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
         dtype = autocast_dtype(x.device.type) or x.dtype
         mats, biases = weights_at([w.to(dtype) for w in weights], index, len(plan.terms))
         slabs = slab_outputs(x.to(dtype), plan, mats, biases)
-        B, N = batch, len(x) // batch
+        B, N = len(x) // tokens, tokens
         h = slabs[0].shape[-1] // (3 * slab_heads[0][0] * slab_heads[0][1])
         # token-major, as timm's qkv [B, N, 3, h, size] (one cat of the slabs' pieces, each [B, N, 3, h, d c]); q, k
         # and v are transposed views of it
