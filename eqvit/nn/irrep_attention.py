@@ -45,6 +45,7 @@ from eqvit.nn.schur import (
     autocast_as,
     autocast_dtype,
     distinct_weights,
+    join_slabs,
     slab_linear_grads,
     slab_outputs,
     weights_at,
@@ -556,11 +557,8 @@ class _QkvHeads(torch.autograd.Function):
         grad_weights, grad_pieces = slab_linear_grads(grad, plan, ctx.index, cast, ctx.needs_input_grad[5:], x_slabs)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            parts = [
-                grad_pieces[s][0] if s in grad_pieces else x.new_zeros(len(x), w, dtype=dtype)
-                for s, w in enumerate(plan.in_sizes)
-            ]
-            grad_x = (torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]).to(x.dtype)
+            pieces = [grad_pieces[s][0] if s in grad_pieces else None for s in range(len(plan.in_sizes))]
+            grad_x = join_slabs(pieces, plan, grad).to(x.dtype)
         grad_weights = [None if g is None else g.to(w.dtype) for g, w in zip(grad_weights, weights)]
         return (grad_x, None, None, None, None, *grad_weights)
 

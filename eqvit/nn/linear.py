@@ -141,8 +141,8 @@ class IrrepLinear(ExactBuffers):
                 continue
             if n not in cache:
                 w, sign = weights[n], self._block_signs[n]
-                if sign:  # real type: L = +-I
-                    cache[n] = w[0] if sign > 0 else -w[0]
+                if sign:  # real type: L = +-I (squeeze, a view: indexing's backward would zero-fill the block)
+                    cache[n] = w.squeeze(0) if sign > 0 else -w.squeeze(0)
                 else:
                     L = self._buffers[f"endo_{n}"]
                     _, c_out, c_in = w.shape

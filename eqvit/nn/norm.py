@@ -7,7 +7,7 @@ whole token (all representation matrices are orthogonal), ``gamma`` is one scala
 
 The forward pass is six ops: ``x @ (-mask / n)`` (a GEMV giving minus the centre mean as
 ``[..., 1]``; faster than a sum over a slice of the last axis), one ``addcmul`` for the centring,
-then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / sqrt(|z|^2 + dim eps)`` as ``vecdot`` + ``add`` + ``sqrt``
+then ``z / sqrt(mean z^2 + eps) = sqrt(dim) z / sqrt(|z|^2 + dim eps)`` as ``vector_norm`` + ``add`` + ``sqrt``
 on one number per token, and ``div`` + ``addcmul(beta, z / den, gamma')`` with ``gamma' = sqrt(dim) gamma``.
 ``F.layer_norm`` cannot do it in one op on irrep-wise features: it subtracts the mean over all
 channels, and the centred token ``z`` has no zero mean in general.
@@ -42,8 +42,9 @@ def irrep_layer_norm(
 
 
 def _scale(z: torch.Tensor, dim_eps: torch.Tensor) -> torch.Tensor:
-    """``sqrt(|z|^2 + dim eps)`` per token, ``[..., 1]`` (plain ops: they export to ONNX, unlike ``hypot``)."""
-    return torch.sqrt(torch.linalg.vecdot(z, z).unsqueeze(-1) + dim_eps)
+    """``sqrt(|z|^2 + dim eps)`` per token, ``[..., 1]`` (plain ops: they export to ONNX, unlike ``hypot``).
+    ``vector_norm`` is one pass over ``z``; ``vecdot`` would multiply into a temporary of ``z``'s size first."""
+    return torch.sqrt(torch.linalg.vector_norm(z, dim=-1, keepdim=True).square() + dim_eps)
 
 
 class _IrrepLayerNorm(torch.autograd.Function):

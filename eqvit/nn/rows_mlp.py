@@ -26,11 +26,13 @@ from torch.autograd.function import once_differentiable
 
 from eqvit.nn.schur import (
     SlabPlan,
+    accumulate_grad,
     autocast_as,
     autocast_dtype,
     constant_slab,
     cut_slabs,
     distinct_weights,
+    join_slabs,
     rows_in,
     rows_out,
     slab_linear_grads,
@@ -64,12 +66,17 @@ def activation_kind(act: nn.Module) -> str | None:
     return None
 
 
+def _row_width(act: nn.Module) -> int:
+    """The coordinates per hidden row of a strided :class:`FourierActivation`: its width over its orbit size."""
+    return act.in_type.dim // act.slab_inverse.shape[0]
+
+
 def rows_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
     """Whether :func:`rows_mlp` takes these layers: Schur linears (``plan`` and ``slab_weights``) around a
     strided :class:`FourierActivation` whose hidden slabs are whole coefficient rows."""
     if not (hasattr(fc1, "plan") and hasattr(fc2, "plan") and getattr(act, "strided", False)):
         return False
-    n = act.in_type.dim // act.slab_inverse.shape[0]
+    n = _row_width(act)
     out_starts, start = [], 0
     for _, width in fc1.plan.terms:
         out_starts.append((start, width))
@@ -96,8 +103,7 @@ def rows_mlp(
 def rows_mlp_lean(fc1: nn.Module, act: nn.Module, fc2: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """:func:`rows_mlp` without hidden dropout, keeping one hidden-sized tensor for backward instead of two
     (:class:`_LeanRowsMlp`). Needs ``activation_kind(act.act)``. ``x [..., in] -> [..., out]``."""
-    s = act.slab_inverse.shape[0]
-    n = act.in_type.dim // s
+    n = _row_width(act)
     (mats1, biases1), (mats2, biases2) = fc1.slab_weights(), fc2.slab_weights()
     weights1, index1 = distinct_weights([*mats1, *biases1])
     weights2, index2 = distinct_weights([*mats2, *biases2])
@@ -117,10 +123,9 @@ def _pre_activation(fc1: nn.Module, act: nn.Module, x: torch.Tensor) -> tuple[to
     """``x [..., in]`` -> (the hidden features' values on the orbits before sigma ``[s, T n]``, the row width
     ``n``): ``fc1`` into coefficient rows ``[s, T, n]``, then one ``[s, s]`` GEMM (a constant matrix: autograd
     keeps nothing of the rows' size for it)."""
-    to_values = act.slab_inverse
-    n = act.in_type.dim // to_values.shape[0]
+    n = _row_width(act)
     rows = rows_out(x.reshape(-1, x.shape[-1]), fc1.plan, *fc1.slab_weights(), n)
-    return torch.mm(to_values, rows.flatten(1)), n
+    return torch.mm(act.slab_inverse, rows.flatten(1)), n
 
 
 def transformed_rows_in(
@@ -303,10 +308,6 @@ class _LeanRowsMlp(torch.autograd.Function):
         return (None if grad_x is None else grad_x.to(x.dtype), None, None, None, None, *grads)
 
 
-def _accumulate(grads: list, k: int, value: torch.Tensor) -> None:
-    grads[k] = value if grads[k] is None else grads[k] + value
-
-
 def _read_rows_grads(grad, plan: SlabPlan, index, weights, needed, rows) -> list:
     """The backward of :func:`_read_rows`: the gradients of the distinct ``weights`` (:func:`distinct_weights`),
     then the rows' gradients written over ``rows [s, n, T]`` itself (zeros for rows no output reads): the weight
@@ -322,9 +323,9 @@ def _read_rows_grads(grad, plan: SlabPlan, index, weights, needed, rows) -> list
     for t, (s, _) in enumerate(plan.terms):
         m, b = index[t], index[terms + t]
         if b >= 0 and needed[b]:
-            _accumulate(grads, b, grad_terms[t].sum(0))
+            accumulate_grad(grads, b, grad_terms[t].sum(0))
         if s >= 0 and needed[m]:
-            _accumulate(grads, m, torch.mm(grad_terms[t].T, source(s).T))
+            accumulate_grad(grads, m, torch.mm(grad_terms[t].T, source(s).T))
     written = set()
     for t, (s, _) in enumerate(plan.terms):
         if s < 0:
@@ -350,15 +351,14 @@ def _write_rows_grads(grad_rows, plan: SlabPlan, index, weights, needed, x, inpu
         g = grad_rows[first : first + count].flatten(0, 1)  # [width, T]
         m, b = index[t], index[terms + t]
         if b >= 0 and needed[b]:
-            _accumulate(grads, b, g.sum(1))
+            accumulate_grad(grads, b, g.sum(1))
         if s < 0:
             continue
         if needed[m]:
-            _accumulate(grads, m, torch.mm(g, slabs[s]))
+            accumulate_grad(grads, m, torch.mm(g, slabs[s]))
         if input_needed:
             w = weights[m]
             grad_slabs[s] = torch.mm(g.T, w) if grad_slabs[s] is None else grad_slabs[s].addmm_(g.T, w)
     if not input_needed:
         return grads, None
-    grad_slabs = [x.new_zeros(len(x), w) if g is None else g for g, w in zip(grad_slabs, plan.in_sizes)]
-    return grads, torch.cat(grad_slabs, dim=1) if len(grad_slabs) > 1 else grad_slabs[0]
+    return grads, join_slabs(grad_slabs, plan, x)

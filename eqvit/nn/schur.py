@@ -196,6 +196,17 @@ def weights_at(
     return entries[:terms], entries[terms:]
 
 
+def join_slabs(slabs: Sequence[torch.Tensor | None], plan: SlabPlan, ref: torch.Tensor) -> torch.Tensor:
+    """Per input slab ``[T, size]`` (None: zeros, a slab no output reads) -> side by side ``[T, in]``, as ``ref``."""
+    parts = [ref.new_zeros(len(ref), size) if p is None else p for p, size in zip(slabs, plan.in_sizes)]
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+
+def accumulate_grad(grads: list[torch.Tensor | None], k: int, value: torch.Tensor) -> None:
+    """``grads[k] += value``, the first value taken as it is (a weight shared by several slabs sums their terms)."""
+    grads[k] = value if grads[k] is None else grads[k] + value
+
+
 def slab_linear_grads(
     grad: torch.Tensor,
     plan: SlabPlan,
@@ -216,23 +227,20 @@ def slab_linear_grads(
     terms = len(plan.terms)
     grad_weights: list[torch.Tensor | None] = [None] * len(weights)
     grad_pieces: dict[int, list[torch.Tensor]] = {}
-
-    def accumulate(k: int, value: torch.Tensor) -> None:
-        grad_weights[k] = value if grad_weights[k] is None else grad_weights[k] + value
-
     start = 0
     for t, (s, width) in enumerate(plan.terms):
         g = grad[:, start : start + width]
         start += width
         m, b = index[t], index[terms + t]
         if b >= 0 and needed[b]:
-            accumulate(b, g.sum(0))
+            accumulate_grad(grad_weights, b, g.sum(0))
         if s < 0:
             continue
         inputs = pieces[s]
         cols = weights[m].split([p.shape[-1] for p in inputs], dim=1)
         if needed[m]:
-            accumulate(m, torch.cat([g.T @ p for p in inputs], dim=1) if len(inputs) > 1 else g.T @ inputs[0])
+            value = torch.cat([g.T @ p for p in inputs], dim=1) if len(inputs) > 1 else g.T @ inputs[0]
+            accumulate_grad(grad_weights, m, value)
         if out is None:
             grads = [g @ c for c in cols]
             grad_pieces[s] = grads if s not in grad_pieces else [a + u for a, u in zip(grad_pieces[s], grads)]
