@@ -180,14 +180,17 @@ def compiled_training(
     models: dict[str, nn.Module], x: torch.Tensor, target: torch.Tensor, rounds: int
 ) -> dict[str, dict]:
     """The training step of every model under ``torch.compile`` (Inductor, the default mode), interleaved like
-    the eager steps, ratio to compiled timm; ``first_call_s`` is the first step (compilation included). A
-    model that does not compile gets its error instead of times."""
+    the eager steps, ratio to compiled timm; ``first_call_s`` is the first step (compilation included), cold:
+    with the compiler's on-disk caches off for every model, which would otherwise make a model compiled by an
+    earlier run (the peers, whose code changes less often) look several times cheaper. A model that does not
+    compile gets its error instead of times."""
     steps, first, failed = {}, {}, {}
     for name, model in models.items():
         step = train_step(torch.compile(model), x, target)
         start = time.perf_counter()
         try:
-            step()
+            with torch.compiler.config.patch(force_disable_caches=True):
+                step()
         except Exception as err:  # a peer's code may not compile; the table says why
             failed[name] = dict(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
             continue
