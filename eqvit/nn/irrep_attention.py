@@ -543,15 +543,14 @@ class _QkvHeads(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         plan, slab_heads = ctx.plan, ctx.slab_heads
         dtype = grad_q.dtype
-        B, h, N, _ = grad_q.shape
-        grad = grad_q.new_empty(B * N, plan.out_dim)  # the slabs' gradients side by side, written in place
-        start, column = 0, 0
+        B, _, N, _ = grad_q.shape
+        # the slabs' gradients side by side, [B, N, out] with slab t as [3, d, h, c]: one cat of [B, N, c] views
+        pieces, start = [], 0
         for d, c in slab_heads:
-            width = 3 * d * h * c
-            target = grad[:, column : column + width].view(B, N, 3, d, h, c)
-            for i, g in enumerate((grad_q, grad_k, grad_v)):  # [B, h, N, d c] -> [B, N, d, h, c]
-                target[:, :, i].copy_(g[..., start : start + d * c].unflatten(-1, (d, c)).permute(0, 2, 3, 1, 4))
-            start, column = start + d * c, column + width
+            for g in (grad_q, grad_k, grad_v):  # [B, h, N, d c] -> d h pieces [B, N, c]
+                pieces += [p for part in g[..., start : start + d * c].split(c, dim=-1) for p in part.unbind(1)]
+            start += d * c
+        grad = torch.cat(pieces, dim=-1).view(B * N, plan.out_dim)
         x_slabs = [[piece] for piece in x.to(dtype).split(plan.in_sizes, dim=-1)]
         cast = [w.to(dtype) for w in weights]
         grad_weights, grad_pieces = slab_linear_grads(grad, plan, ctx.index, cast, ctx.needs_input_grad[5:], x_slabs)
@@ -610,17 +609,15 @@ class _ProjectHeads(torch.autograd.Function):
                 grad, ctx.plan, ctx.index, weights, ctx.needs_input_grad[4:], [[slab] for slab in slabs]
             )
             slabs = None  # free the copy before the gradient's (peak memory; `del` would stop torch.compile)
-            # back to the heads' order, written in place: slab [B N, d h c] as [B, N, d, h, c] -> [B, h, N, d c]
+            # back to the heads' order: slab [B N, d h c] as d pieces [B, h, N, c], joined by one cat
             B, h, N, _ = heads.shape
-            grad_heads = torch.empty_like(heads)
-            start = 0
+            pieces = []
             for s, (d, c) in enumerate(slab_heads):
-                target = grad_heads[..., start : start + d * c].unflatten(-1, (d, c))
                 if s in grad_slabs:
-                    target.copy_(grad_slabs[s][0].view(B, N, d, h, c).permute(0, 3, 1, 2, 4))
+                    pieces += grad_slabs[s][0].view(B, N, d, h, c).permute(2, 0, 3, 1, 4).unbind(0)
                 else:
-                    target.zero_()
-                start += d * c
+                    pieces.append(heads.new_zeros(B, h, N, d * c))
+            grad_heads = torch.cat(pieces, dim=-1)
         return (grad_heads, None, None, None, *grad_weights)
 
 
