@@ -170,7 +170,7 @@ def _scale_speed(d: dict) -> Lines:
                     )
                 )
                 first = {n: c[n].get("first_call_s", "") for n in names}
-                rows.append(dict(measure="compile + first step (s)", **first))
+                rows.append(dict(measure="compile + first step, cold caches (s)", **first))
         lines += [f"ViT-{size[0].upper()}/16:", "", *table(rows, [("", "measure"), *[(n, n) for n in names]]), ""]
     return lines
 
