@@ -18,6 +18,7 @@ a block of coordinates at a time, in cache (blocks over the coordinates, which t
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +172,22 @@ def _activation_grad_blocked(grad_rows: torch.Tensor, transform: torch.Tensor, v
     return grad_values
 
 
+def _slab_row_ranges(starts: tuple[int, ...], widths: tuple[int, ...], n: int) -> list[slice]:
+    """The rows of ``n`` coordinates that slabs ``[start, start + width)`` occupy (ValueError unless whole)."""
+    return [slice(a // n, a // n + slab_rows(a, w, n)) for a, w in zip(starts, widths)]
+
+
+def _in_rows(plan: SlabPlan, n: int) -> list[slice]:
+    """The rows of every input slab of ``plan``."""
+    return _slab_row_ranges(plan.in_offsets, plan.in_sizes, n)
+
+
+def _out_rows(plan: SlabPlan, n: int) -> list[slice]:
+    """The rows of every output slab of ``plan``."""
+    widths = tuple(width for _, width in plan.terms)
+    return _slab_row_ranges((0, *accumulate(widths))[:-1], widths, n)
+
+
 class _TransformedRowsIn(torch.autograd.Function):
     """:func:`transformed_rows_in` with its backward written out: saves the values alone and recomputes the
     transformed rows from them (see the module docstring). The backward runs under the forward's autocast
@@ -193,11 +210,9 @@ class _TransformedRowsIn(torch.autograd.Function):
         with autocast_as(values.device.type, ctx.amp_dtype):
             hidden = _transformed_rows_blocked(values, transform, ctx.kind, n).unbind(0)
             grad_hidden = torch.empty_like(values).view(len(hidden), -1, n)  # the rows' gradients, written in place
-            offsets = plan.in_offsets
-            firsts = [offset // n for offset in offsets]
-            counts = [slab_rows(o, size, n) for o, size in zip(offsets, plan.in_sizes)]
-            rows = [hidden[a : a + k] for a, k in zip(firsts, counts)]
-            outs = [grad_hidden[a : a + k].unbind(0) for a, k in zip(firsts, counts)]
+            in_rows = _in_rows(plan, n)
+            rows = [hidden[at] for at in in_rows]
+            outs = [grad_hidden[at].unbind(0) for at in in_rows]
             needed = ctx.needs_input_grad[6:]
             grad_weights, _ = slab_linear_grads(grad, plan, ctx.index, weights, needed, rows, out=outs)
             # free them before the hidden-sized work below (peak memory); not `del`: torch.compile refuses it here
@@ -222,11 +237,9 @@ def _write_rows(x: torch.Tensor, plan: SlabPlan, mats, biases, rows: torch.Tenso
     """A Schur linear ``x [T, in]`` into ``rows [s, n, T]`` (row ``r`` = output coordinates ``[r n, (r + 1) n)``,
     transposed): one GEMM per output slab, written in place (a slab's rows are one ``[width, T]`` block)."""
     n, T = rows.shape[1], rows.shape[2]
-    slabs, start = cut_slabs(x, plan), 0
-    for (s, width), w, b in zip(plan.terms, mats, biases):
-        first, count = start // n, slab_rows(start, width, n)
-        start += width
-        target = rows[first : first + count].flatten(0, 1)  # [width, T], contiguous
+    slabs = cut_slabs(x, plan)
+    for (s, width), at, w, b in zip(plan.terms, _out_rows(plan, n), mats, biases):
+        target = rows[at].flatten(0, 1)  # [width, T], contiguous
         if s < 0:
             target.zero_() if b is None else target.copy_(b[:, None].expand(width, T))
         elif b is None:
@@ -238,14 +251,12 @@ def _write_rows(x: torch.Tensor, plan: SlabPlan, mats, biases, rows: torch.Tenso
 def _read_rows(rows: torch.Tensor, plan: SlabPlan, mats, biases) -> torch.Tensor:
     """A Schur linear on features held as ``rows [s, n, T]`` (:func:`_write_rows`) -> ``[T, out]``: one GEMM per
     output slab on its input slab's rows."""
-    n, T = rows.shape[1], rows.shape[2]
-    offsets, outs = plan.in_offsets, []
+    T, in_rows, outs = rows.shape[2], _in_rows(plan, rows.shape[1]), []
     for (s, width), w, b in zip(plan.terms, mats, biases):
         if s < 0:
             outs.append(constant_slab(rows, (T,), width, b))
             continue
-        first, count = offsets[s] // n, slab_rows(offsets[s], plan.in_sizes[s], n)
-        source = rows[first : first + count].flatten(0, 1).T  # [T, in slab]
+        source = rows[in_rows[s]].flatten(0, 1).T  # [T, in slab]
         outs.append(torch.mm(source, w.T) if b is None else torch.addmm(b, source, w.T))
     return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
@@ -312,13 +323,12 @@ def _read_rows_grads(grad, plan: SlabPlan, index, weights, needed, rows) -> list
     """The backward of :func:`_read_rows`: the gradients of the distinct ``weights`` (:func:`distinct_weights`),
     then the rows' gradients written over ``rows [s, n, T]`` itself (zeros for rows no output reads): the weight
     gradients read every row first, and the buffer is not needed twice."""
-    n, terms, offsets = rows.shape[1], len(plan.terms), plan.in_offsets
+    terms, in_rows = len(plan.terms), _in_rows(plan, rows.shape[1])
     grads: list = [None] * len(weights)
     grad_terms = grad.split([width for _, width in plan.terms], dim=1)
 
     def source(s: int) -> torch.Tensor:  # input slab s's rows as one [in slab, T] block
-        first = offsets[s] // n
-        return rows[first : first + slab_rows(offsets[s], plan.in_sizes[s], n)].flatten(0, 1)
+        return rows[in_rows[s]].flatten(0, 1)
 
     for t, (s, _) in enumerate(plan.terms):
         m, b = index[t], index[terms + t]
@@ -340,15 +350,12 @@ def _read_rows_grads(grad, plan: SlabPlan, index, weights, needed, rows) -> list
 
 def _write_rows_grads(grad_rows, plan: SlabPlan, index, weights, needed, x, input_needed: bool):
     """The backward of :func:`_write_rows`: (the gradients of the distinct ``weights``, the input's or None)."""
-    n, terms = grad_rows.shape[1], len(plan.terms)
+    terms = len(plan.terms)
     slabs = cut_slabs(x, plan)
     grads: list = [None] * len(weights)
     grad_slabs: list = [None] * len(plan.in_sizes)
-    start = 0
-    for t, (s, width) in enumerate(plan.terms):
-        first, count = start // n, slab_rows(start, width, n)
-        start += width
-        g = grad_rows[first : first + count].flatten(0, 1)  # [width, T]
+    for t, ((s, _), at) in enumerate(zip(plan.terms, _out_rows(plan, grad_rows.shape[1]))):
+        g = grad_rows[at].flatten(0, 1)  # [width, T]
         m, b = index[t], index[terms + t]
         if b >= 0 and needed[b]:
             accumulate_grad(grads, b, g.sum(1))
