@@ -248,6 +248,12 @@ def check_heads(ftype: FeatureType, heads: Sequence[np.ndarray]) -> None:
             raise ValueError("every head must hold whole irrep copies (a G-stable subspace)")
 
 
+def split_heads(qkv: torch.Tensor, heads: int, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``qkv [B, N, 3 heads size]`` (q, k, v each with its heads side by side) -> SDPA's ``q, k, v``
+    ``[B, heads, N, size]``, views when ``qkv`` is contiguous (timm's reshape)."""
+    return qkv.reshape(*qkv.shape[:2], 3, heads, size).permute(2, 0, 3, 1, 4).unbind(0)
+
+
 def attend_heads(qkv: torch.Tensor, groups: Sequence[tuple[int, int, int]], sdpa: nn.Module) -> torch.Tensor:
     """``qkv [B, N, 3 dim]`` (q, k, v each with the heads side by side, grouped by size) -> the heads'
     outputs ``[B, N, dim]``. ``groups`` lists ``(start, heads, size)``: heads of equal size go through
@@ -255,8 +261,7 @@ def attend_heads(qkv: torch.Tensor, groups: Sequence[tuple[int, int, int]], sdpa
     B, N = qkv.shape[:2]
     if len(groups) == 1:
         _, h, size = groups[0]
-        q, k, v = qkv.reshape(B, N, 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
-        return sdpa(q, k, v).transpose(1, 2).reshape(B, N, h * size)
+        return sdpa(*split_heads(qkv, h, size)).transpose(1, 2).reshape(B, N, h * size)
     q, k, v = qkv.chunk(3, dim=-1)
     outs = []
     for start, h, size in groups:
@@ -494,8 +499,7 @@ def schur_attend(
         slabs = slab_outputs(x, plan, mats, biases)
         pieces = [s.unflatten(-1, (3, d, h, c)).transpose(-3, -2).flatten(-2) for s, (d, c) in zip(slabs, slab_heads)]
         qkv = rotary(torch.cat(pieces, dim=-1).flatten(-3), rope, num_prefix_tokens)
-        q, k, v = qkv.reshape(*qkv.shape[:2], 3, h, size).permute(2, 0, 3, 1, 4).unbind(0)
-        heads = sdpa(q, k, v)  # [B, h, N, size]
+        heads = sdpa(*split_heads(qkv, h, size))  # [B, h, N, size]
     out = project_heads(heads, slab_heads, proj.plan, *proj.slab_weights())
     return out.view(*lead, proj.plan.out_dim)
 
@@ -534,8 +538,7 @@ class _QkvHeads(torch.autograd.Function):
         qkv = torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0].contiguous()
         ctx.slab_heads, ctx.plan, ctx.index = slab_heads, plan, index
         ctx.save_for_backward(x, *weights)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        return q, k, v
+        return split_heads(qkv, h, qkv.shape[-1])
 
     @staticmethod
     @once_differentiable
