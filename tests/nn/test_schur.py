@@ -280,6 +280,17 @@ def test_lean_rows_mlp_in_coordinate_blocks(block, monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+def _assert_one_graph_matches(f, reference, x: torch.Tensor, params) -> None:
+    """``torch.compile(f, fullgraph=True)`` gives ``reference``'s output and gradients (x and ``params``)."""
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *params])
+    want = reference(x)
+    want_grads = torch.autograd.grad(want.square().sum(), [x, *params])
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
 def test_lean_rows_mlp_compiles_as_one_graph_with_several_blocks(monkeypatch):
     """torch.compile(fullgraph=True) traces the lean MLP's forward and backward when the hidden rows come in
     several blocks (strided ``out=`` tensors would break the graph; the tiny registered models fit one block)."""
@@ -289,14 +300,7 @@ def test_lean_rows_mlp_compiles_as_one_graph_with_several_blocks(monkeypatch):
     torch._dynamo.reset()
     mlp = _mlp("D4", copies=2, hidden_copies=5).float()
     x = torch.randn(2, 3, mlp.in_type.dim, requires_grad=True)
-    compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager")
-    out = compiled(x)
-    grads = torch.autograd.grad(out.square().sum(), [x, *mlp.parameters()])
-    want = _schur_mlp(mlp, x)
-    want_grads = torch.autograd.grad(want.square().sum(), [x, *mlp.parameters()])
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
-    for got, ref in zip(grads, want_grads):
-        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    _assert_one_graph_matches(mlp, lambda v: _schur_mlp(mlp, v), x, list(mlp.parameters()))
 
 
 def test_transformed_rows_in_compiles_as_one_graph_with_several_blocks(monkeypatch):
@@ -315,10 +319,4 @@ def test_transformed_rows_in_compiles_as_one_graph_with_several_blocks(monkeypat
     def f(v):
         return rows_mlp.transformed_rows_in(v, transform, lin, n, "gelu")
 
-    out = torch.compile(f, fullgraph=True, backend="aot_eager")(values)
-    grads = torch.autograd.grad(out.square().sum(), [values, *lin.parameters()])
-    want = f(values)
-    want_grads = torch.autograd.grad(want.square().sum(), [values, *lin.parameters()])
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
-    for got, ref in zip(grads, want_grads):
-        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    _assert_one_graph_matches(f, f, values, list(lin.parameters()))
