@@ -125,3 +125,15 @@ def require_extra(extra: str, packages: Iterable[str], what: str) -> None:
             f"{what} needs the optional packages {', '.join(packages)} ({', '.join(missing)} not installed): "
             f'pip install "eqvit[{extra}]"'
         )
+
+
+def flop_counter(**kwargs):
+    """``torch.utils.flop_counter.FlopCounterMode(**kwargs)`` that also counts the in-place ``addmm_``, which torch's
+    table leaves out: eqvit's lean Fourier MLP writes its changes of basis into its row buffer with it."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def addmm_flops(self_shape, a_shape, b_shape, *args, **kwargs) -> int:  # 2 per multiply-add, as torch's mm
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+    return FlopCounterMode(custom_mapping={torch.ops.aten.addmm_: addmm_flops}, **kwargs)

@@ -11,8 +11,8 @@ mlp_ratio=2.0)``).
 The models run interleaved (every repeat times each model once, in an order that rotates from one
 repeat to the next) so that load from other jobs on a shared machine hits all of them alike;
 medians are reported with the load average.
-FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add; matmuls,
-convolutions and attention; elementwise ops are not counted) for the timed inference forward and,
+FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (:func:`eqvit.utils.flop_counter`: 2 per
+multiply-add; matmuls, convolutions and attention; elementwise ops are not counted) for the timed inference forward and,
 separately, for the training form's forward (which also derives its dense weights). The eqvit
 models are timed in their inference form, ``eqvit.fold(model)``: every layer's weights (dense weights,
 patch filters, APE, the norms' affine) derived once. ``--compile`` also times the coupled model and timm
@@ -40,11 +40,11 @@ from pathlib import Path
 
 import timm
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
 from eqvit.bench import device as _device
 from eqvit.bench._paths import results_dir
+from eqvit.utils import flop_counter
 
 MODELS = ("o2vit_D4_coupled", "o2vit_D4_irrepwise", "timm_vit")
 COMPILED = "[compiled]"  # suffix of a model timed under torch.compile(fullgraph=True)
@@ -90,7 +90,7 @@ def flops(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
     derives its dense weights on every call, the folded form (``eqvit.fold``) once."""
     counts = []
     for m in (model.eval() if isinstance(model, timm.models.VisionTransformer) else eqvit.fold(model), model):
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        with torch.no_grad(), flop_counter(display=False) as counter:
             m(x)
         counts.append(int(counter.get_total_flops()))
     return counts[0], counts[1]

@@ -22,9 +22,9 @@ Forward time: float32, CPU, ``eval()``, ``torch.no_grad``, the Platonic model in
 pair run alternately inside one loop (order swapped every round; at least ``--repeats`` rounds and
 enough to fill ``--min-seconds`` per pair, so millisecond cases get hundreds), and the table gives the median
 of each and the median of the per-round ratios ours / timm, with the load
-average (``os.getloadavg``) before and after. FLOPs come from ``FlopCounterMode`` with the
-explicit-softmax attention path (the CPU SDPA kernel is not counted by it), parameters from
-``model.parameters()``.
+average (``os.getloadavg``) before and after. FLOPs come from ``FlopCounterMode``
+(:func:`eqvit.utils.flop_counter`) with the explicit-softmax attention path (the CPU SDPA kernel is not
+counted by it), parameters from ``model.parameters()``.
 
 On CUDA (the default when present; ``--device`` chooses, ``--amp`` adds bf16 autocast to the model
 forwards) the forwards are timed with CUDA events, each row also gives the peak memory of one forward
@@ -64,7 +64,6 @@ import timm
 import torch
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
 from eqvit.bench import device as _device
@@ -73,6 +72,7 @@ from eqvit.models.platonic import spatial_frames
 from eqvit.nn.regular import GroupConvLinear
 from eqvit.nn.sdpa import ScaledDotProductAttention
 from eqvit.nn.tokenizers.icosphere import IcospherePatchEmbed, IcosphereUnpatchify
+from eqvit.utils import flop_counter
 
 DEFAULT_OUT = results_dir() / "platonic_speed.json"
 TARGET_RATIO = 1.15
@@ -218,7 +218,7 @@ def flops(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
     """Total FLOPs of one forward; attention on its explicit path so that its matmuls are counted."""
     set_fused(model, False)
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        with torch.no_grad(), flop_counter(display=False) as counter:
             model(*inputs)
     finally:
         set_fused(model, True)

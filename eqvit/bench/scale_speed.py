@@ -18,7 +18,7 @@ MLP ratio 4, 1000 classes, float32:
 For every (size, threads, batch) the forwards (``eval()``, ``no_grad``) run in interleaved rounds, the
 order rotating from round to round; the figure is the median over rounds of the per-round time
 ratio to timm (and the median time). Per model and size: parameters, FLOPs
-(``torch.utils.flop_counter.FlopCounterMode``, 2 per multiply-add, batch 1), the fp32 invariance
+(:func:`eqvit.utils.flop_counter`, 2 per multiply-add, batch 1), the fp32 invariance
 error (max over the 8 D4 image transforms of ``|f(g x) - f(x)|_max / |f(x)|_max``), a training step
 (the training form, forward + backward of a cross-entropy loss + an AdamW update at batch 8, interleaved like the
 forwards, ratio to timm) and the peak allocated tensor memory of the step
@@ -53,11 +53,11 @@ import timm
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
 from eqvit.bench._memory import peak_allocated_mb
 from eqvit.bench._paths import peers_dir, results_dir
+from eqvit.utils import flop_counter
 
 SIZES = {"small": dict(embed_dim=384, num_heads=6), "base": dict(embed_dim=768, num_heads=12)}
 MODELS = ("timm", "eqvit_d4", "platonic_d4", "octic")
@@ -122,7 +122,7 @@ def build(name: str, size: str, depth: int, img_size: int, octic_pkg) -> tuple[n
 
 # ----------------------------------------------------------------------------------------- measures
 def count_flops(model: nn.Module, x: torch.Tensor) -> int:
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), flop_counter(display=False) as counter:
         model(x)
     return int(counter.get_total_flops())
 

@@ -159,8 +159,8 @@ def _transformed_rows_blocked(values: torch.Tensor, transform: torch.Tensor, kin
     """:func:`_transformed_rows` a block of columns at a time (no autograd: a Function's backward)."""
     act, rows = _ACTIVATIONS[kind][0], torch.empty_like(values)
     transform = transform.to(values.dtype)  # the values' dtype, as autocast would cast it
-    for cols in _column_blocks(values.shape[1]):  # not a strided out=, which torch.compile refuses
-        rows[:, cols] = torch.mm(transform, act(values[:, cols]))
+    for cols in _column_blocks(values.shape[1]):  # in place: not a strided out=, which torch.compile refuses
+        rows[:, cols].addmm_(transform, act(values[:, cols]), beta=0)
     return rows.view(values.shape[0], -1, n)
 
 
@@ -267,9 +267,11 @@ class _LeanRowsMlp(torch.autograd.Function):
     The hidden features live in one buffer of rows ``[s, n, T]``: ``fc1`` writes it one GEMM per output slab (no
     stack), and the two changes of basis and ``sigma`` run a block of coordinates at a time, so the block stays in
     cache between them (three passes over a hidden-sized tensor in memory would be slower than the GEMMs around
-    them). It keeps the pre-activation values alone for backward, recomputing the activated
-    rows for ``fc2``'s weight gradient; backward reuses its buffers in place. Autocast: the forward computes in
-    the autocast dtype, casting explicitly (``out=`` skips autocast), and the backward in the forward's dtype.
+    them); each transform writes its block of the buffer in place (``addmm_`` with ``beta=0``, which reads nothing
+    there), where a product and a copy would pass over it twice. It keeps the pre-activation values alone for
+    backward, recomputing the activated rows for ``fc2``'s weight gradient; backward reuses its buffers in place.
+    Autocast: the forward computes in the autocast dtype, casting explicitly (``out=`` and in-place ops skip
+    autocast), and the backward in the forward's dtype.
     """
 
     @staticmethod
@@ -288,7 +290,7 @@ class _LeanRowsMlp(torch.autograd.Function):
         for block in _coordinate_blocks(n):
             coefficients = rows[:, block]
             values.append(torch.mm(to_values, coefficients.flatten(1)))
-            coefficients.copy_(torch.mm(transform, act(values[-1])).view_as(coefficients))  # activated, in place
+            coefficients.flatten(1).addmm_(transform, act(values[-1]), beta=0)  # activated, in place
         ctx.kind, ctx.layout = kind, layout
         ctx.save_for_backward(x, to_values, transform, *values, *weights)
         return _read_rows(rows, plan2, mats2, biases2)
@@ -306,12 +308,12 @@ class _LeanRowsMlp(torch.autograd.Function):
         needed = ctx.needs_input_grad[5:]
         # one buffer: the activated rows (recomputed), then their gradients, then those of fc1's output rows
         rows = values[0].new_empty(len(to_values), n, T)
-        for block, pre in zip(blocks, values):  # copy_, not a strided out=, which torch.compile refuses
-            rows[:, block].copy_(torch.mm(transform, act(pre)).view(len(transform), -1, T))
+        for block, pre in zip(blocks, values):  # in place: not a strided out=, which torch.compile refuses
+            rows[:, block].flatten(1).addmm_(transform, act(pre), beta=0)
         grads2 = _read_rows_grads(grad.to(dtype), plan2, index2, cast[count1:], needed[count1:], rows)
         for block, pre in zip(blocks, values):
             g = rows[:, block]
-            g.copy_(torch.mm(to_values.T, act_grad(torch.mm(transform.T, g.flatten(1)), pre)).view_as(g))
+            g.flatten(1).addmm_(to_values.T, act_grad(torch.mm(transform.T, g.flatten(1)), pre), beta=0)
         grads1, grad_x = _write_rows_grads(
             rows, plan1, index1, cast[:count1], needed[:count1], x.to(dtype), ctx.needs_input_grad[0]
         )

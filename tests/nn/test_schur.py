@@ -8,7 +8,6 @@ import pytest
 import torch
 from helpers import randomise_
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 import eqvit
 from eqvit.groups import get_group
@@ -20,6 +19,7 @@ from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.rows_mlp import rows_mlp_applies
 from eqvit.nn.schur import apply_slabs, rows_in, rows_out, slab_plan
 from eqvit.testing import EquivarianceError, assert_equivariant
+from eqvit.utils import flop_counter
 
 
 def _mlp(group: str = "D4", copies: int = 3, hidden_copies: int = 5, act: nn.Module | None = None) -> IrrepMlp:
@@ -167,7 +167,7 @@ def test_rows_mlp_costs_the_schur_minimum_and_two_transforms():
     mlp = _mlp("D4", copies=3, hidden_copies=5)
     T = 7
     x = torch.randn(T, mlp.in_type.dim, dtype=torch.float64)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), flop_counter(display=False) as counter:
         mlp(x)
     schur = sum(m.numel() for m in mlp.fc1.schur_mats() + mlp.fc2.schur_mats() if m is not None)
     s = mlp.act.slab_inverse.shape[0]
