@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from math import gcd
 
 import numpy as np
 import torch
@@ -359,6 +360,8 @@ class IrrepAttention(nn.Module):
                 if coupled
                 else None
             )
+            chunks = None if self.slab_heads is None else slab_chunks(self.slab_heads, h)
+            self.register_buffer("slab_chunks", chunks, persistent=False)
 
     def extra_repr(self) -> str:
         return f"{self.num_heads} heads of sizes {self.head_dims}, fused={self.fused}"
@@ -444,7 +447,7 @@ class IrrepAttention(nn.Module):
         return schur_attend(
             x, self.qkv_plan, qkv_mats, qkv_biases, buffers["qkv_index"],
             buffers["out_index"], self.rotary, self.head_groups, self.sdpa, proj, rope, num_prefix_tokens,
-            self.slab_heads,
+            self.slab_heads, buffers["slab_chunks"],
         )  # fmt: skip
 
     def attend(
@@ -477,12 +480,13 @@ def schur_attend(
     rope=None,
     num_prefix_tokens: int = 0,
     slab_heads: list[tuple[int, int]] | None = None,
+    chunks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [B, N, dim] -> [B, N, dim]`` in the ``components`` layout: stacked q/k/v Schur slabs, the
     heads side by side, the heads, back to storage order, the projection (the training layer and its
-    frozen form share it). With coupled heads (``slab_heads``: ``(d_t, c_t)`` per slab) the heads are
-    laid out by reshapes and one ``cat`` each way; otherwise by ``index_select`` with ``qkv_index`` /
-    ``out_index``."""
+    frozen form share it). With coupled heads (``slab_heads``: ``(d_t, c_t)`` per slab, ``chunks`` their
+    :func:`slab_chunks`) the heads are laid out by reshapes and one ``cat`` each way; otherwise by
+    ``index_select`` with ``qkv_index`` / ``out_index``."""
     if slab_heads is None:
         qkv = apply_slabs(x, plan, mats, biases).index_select(-1, qkv_index)
         qkv = rotary(qkv, rope, num_prefix_tokens)  # frame RoPE (in the frame basis), or unchanged
@@ -492,7 +496,7 @@ def schur_attend(
     if isinstance(rotary, NoRotary):
         rotary.check(rope)
         # q, k, v written straight into SDPA's layout, [B, h, N, size] each (:class:`_QkvHeads`)
-        q, k, v = qkv_heads(x.reshape(-1, x.shape[-1]), x.shape[1], slab_heads, plan, mats, biases)
+        q, k, v = qkv_heads(x.reshape(-1, x.shape[-1]), x.shape[1], slab_heads, chunks, plan, mats, biases)
         heads = sdpa(q, k, v)
     else:
         # Slab t holds (q|k|v, component, copy): [..., 3, d, h, c] -> heads [..., 3, h, d c].
@@ -504,28 +508,47 @@ def schur_attend(
     return out.view(*lead, proj.plan.out_dim)
 
 
+def slab_chunks(slab_heads: Sequence[tuple[int, int]], heads: int) -> torch.Tensor:
+    """Where the stacked q/k/v slabs of coupled heads (``slab_heads``: ``(d_t, c_t)`` per slab) sit in the heads'
+    layout ``[3, h, size]``, in chunks of ``g = gcd(c_t)`` coordinates: entry ``k`` is the chunk of that layout
+    holding chunk ``k`` of the slabs' layout (slab ``t`` as ``[3, d_t, h, c_t]``). Coordinates move between the
+    two layouts in runs of ``c_t``, so one gather of whole chunks reorders them."""
+    g = gcd(*(c for _, c in slab_heads))
+    size = sum(d * c for d, c in slab_heads)
+    order, start = [], 0
+    for d, c in slab_heads:
+        for part in range(3):  # q, k, v
+            for j in range(d):
+                for head in range(heads):
+                    first = (part * heads + head) * size + start + j * c
+                    order += range(first // g, (first + c) // g)
+        start += d * c
+    return torch.tensor(order)
+
+
 def qkv_heads(
     x: torch.Tensor,
     tokens: int,
     slab_heads: Sequence[tuple[int, int]],
+    chunks: torch.Tensor,
     plan: SlabPlan,
     mats: Sequence[torch.Tensor | None],
     biases: Sequence[torch.Tensor | None],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The stacked q/k/v Schur slabs of coupled heads on tokens ``x [B N, dim]``, as SDPA's ``q, k, v``
-    ``[B, h, N, size]`` (``tokens``: N, per image)."""
+    ``[B, h, N, size]`` (``tokens``: N, per image; ``chunks``: :func:`slab_chunks` of ``slab_heads``)."""
     weights, index = distinct_weights([*mats, *biases])
-    return _QkvHeads.apply(x, tokens, tuple(slab_heads), plan, index, *weights)
+    return _QkvHeads.apply(x, chunks, tokens, tuple(slab_heads), plan, index, *weights)
 
 
 class _QkvHeads(torch.autograd.Function):
     """:func:`qkv_heads`: the slabs' products joined once into one token-major ``[B, N, 3, h, size]`` tensor, whose
-    three parts are q, k and v. Backward writes the three gradients into the slabs' gradient ``[B N, out]`` directly,
-    where autograd through the same ops would also stack them and reshape every piece. Autocast: computes in the
-    autocast dtype, as ``F.linear`` would."""
+    three parts are q, k and v. Backward stacks the three gradients in that layout and gathers the slabs' gradient
+    ``[B N, out]`` from it in whole chunks (:func:`slab_chunks`): two ops, where autograd through the forward's ops
+    would reorder it piece by piece. Autocast: computes in the autocast dtype, as ``F.linear`` would."""
 
     @staticmethod
-    def forward(ctx, x, tokens, slab_heads, plan: SlabPlan, index: tuple[int, ...], *weights):
+    def forward(ctx, x, chunks, tokens, slab_heads, plan: SlabPlan, index: tuple[int, ...], *weights):
         # index: per output slab its matrix, then its bias, among the distinct ``weights`` (-1: None)
         dtype = autocast_dtype(x.device.type) or x.dtype
         mats, biases = weights_at([w.to(dtype) for w in weights], index, len(plan.terms))
@@ -536,33 +559,30 @@ class _QkvHeads(torch.autograd.Function):
         # and v are transposed views of it
         pieces = [slab.view(B, N, 3, d, h, c).transpose(3, 4).flatten(-2) for slab, (d, c) in zip(slabs, slab_heads)]
         qkv = torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0].contiguous()
-        ctx.slab_heads, ctx.plan, ctx.index = slab_heads, plan, index
-        ctx.save_for_backward(x, *weights)
+        ctx.plan, ctx.index = plan, index
+        ctx.save_for_backward(x, chunks, *weights)
         return split_heads(qkv, h, qkv.shape[-1])
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_q, grad_k, grad_v):
-        x, *weights = ctx.saved_tensors
-        plan, slab_heads = ctx.plan, ctx.slab_heads
+        x, chunks, *weights = ctx.saved_tensors
+        plan = ctx.plan
         dtype = grad_q.dtype
         B, _, N, _ = grad_q.shape
-        # the slabs' gradients side by side, [B, N, out] with slab t as [3, d, h, c]: one cat of [B, N, c] views
-        pieces, start = [], 0
-        for d, c in slab_heads:
-            for g in (grad_q, grad_k, grad_v):  # [B, h, N, d c] -> d h pieces [B, N, c]
-                pieces += [p for part in g[..., start : start + d * c].split(c, dim=-1) for p in part.unbind(1)]
-            start += d * c
-        grad = torch.cat(pieces, dim=-1).view(B * N, plan.out_dim)
+        # the forward's layout [B, N, 3, h, size], then the slabs' [B N, out] (slab t as [3, d, h, c]) by one gather
+        # of whole chunks (a cat of the pieces would take 3 d h pieces of c coordinates per slab)
+        grad = torch.stack([g.transpose(1, 2) for g in (grad_q, grad_k, grad_v)], dim=2)
+        grad = grad.view(B * N, len(chunks), -1).index_select(1, chunks).view(B * N, plan.out_dim)
         x_slabs = [[piece] for piece in x.to(dtype).split(plan.in_sizes, dim=-1)]
         cast = [w.to(dtype) for w in weights]
-        grad_weights, grad_pieces = slab_linear_grads(grad, plan, ctx.index, cast, ctx.needs_input_grad[5:], x_slabs)
+        grad_weights, grad_pieces = slab_linear_grads(grad, plan, ctx.index, cast, ctx.needs_input_grad[6:], x_slabs)
         grad_x = None
         if ctx.needs_input_grad[0]:
             pieces = [grad_pieces[s][0] if s in grad_pieces else None for s in range(len(plan.in_sizes))]
             grad_x = join_slabs(pieces, plan, grad).to(x.dtype)
         grad_weights = [None if g is None else g.to(w.dtype) for g, w in zip(grad_weights, weights)]
-        return (grad_x, None, None, None, None, *grad_weights)
+        return (grad_x, None, None, None, None, None, *grad_weights)
 
 
 def project_heads(
