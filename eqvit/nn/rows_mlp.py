@@ -18,7 +18,6 @@ a block of coordinates at a time, in cache (blocks over the coordinates, which t
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -78,12 +77,9 @@ def rows_mlp_applies(fc1: nn.Module, act: nn.Module, fc2: nn.Module) -> bool:
     if not (hasattr(fc1, "plan") and hasattr(fc2, "plan") and getattr(act, "strided", False)):
         return False
     n = _row_width(act)
-    out_starts, start = [], 0
-    for _, width in fc1.plan.terms:
-        out_starts.append((start, width))
-        start += width
+    out_slabs = zip(fc1.plan.out_offsets, fc1.plan.out_sizes)
     in_slabs = zip(fc2.plan.in_offsets, fc2.plan.in_sizes)
-    return all(a % n == 0 and w % n == 0 for a, w in [*out_starts, *in_slabs])
+    return all(a % n == 0 and w % n == 0 for a, w in [*out_slabs, *in_slabs])
 
 
 def rows_mlp(
@@ -184,8 +180,7 @@ def _in_rows(plan: SlabPlan, n: int) -> list[slice]:
 
 def _out_rows(plan: SlabPlan, n: int) -> list[slice]:
     """The rows of every output slab of ``plan``."""
-    widths = tuple(width for _, width in plan.terms)
-    return _slab_row_ranges((0, *accumulate(widths))[:-1], widths, n)
+    return _slab_row_ranges(plan.out_offsets, plan.out_sizes, n)
 
 
 class _TransformedRowsIn(torch.autograd.Function):
@@ -327,7 +322,7 @@ def _read_rows_grads(grad, plan: SlabPlan, index, weights, needed, rows) -> list
     gradients read every row first, and the buffer is not needed twice."""
     terms, in_rows = len(plan.terms), _in_rows(plan, rows.shape[1])
     grads: list = [None] * len(weights)
-    grad_terms = grad.split([width for _, width in plan.terms], dim=1)
+    grad_terms = grad.split(plan.out_sizes, dim=1)
 
     def source(s: int) -> torch.Tensor:  # input slab s's rows as one [in slab, T] block
         return rows[in_rows[s]].flatten(0, 1)

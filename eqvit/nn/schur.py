@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
+from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -38,16 +39,27 @@ class SlabPlan(NamedTuple):
 
     @property
     def out_dim(self) -> int:
-        return sum(width for _, width in self.terms)
+        return sum(self.out_sizes)
+
+    @property
+    def out_sizes(self) -> tuple[int, ...]:
+        """Width of every output slab."""
+        return tuple(width for _, width in self.terms)
 
     @property
     def in_offsets(self) -> tuple[int, ...]:
         """Start of every input slab."""
-        out, start = [], 0
-        for size in self.in_sizes:
-            out.append(start)
-            start += size
-        return tuple(out)
+        return _starts(self.in_sizes)
+
+    @property
+    def out_offsets(self) -> tuple[int, ...]:
+        """Start of every output slab."""
+        return _starts(self.out_sizes)
+
+
+def _starts(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Where each of consecutive blocks of ``sizes`` starts."""
+    return (0, *accumulate(sizes))[:-1]
 
 
 def type_slabs(ftype: FeatureType) -> list[tuple[int, int]]:
@@ -137,14 +149,13 @@ def rows_out(
     ``[r n, (r + 1) n)``, each row one ``F.linear`` of its input slab with ``n`` rows of the slab matrix."""
     # split / unbind rather than indexing: their backward is one cat / stack, where every slice's backward
     # would zero-fill a tensor of the whole input's size.
-    slabs, rows, start = cut_slabs(x, plan), [], 0
-    for (s, width), w, b in zip(plan.terms, mats, biases):
+    slabs, rows = cut_slabs(x, plan), []
+    for (s, width), start, w, b in zip(plan.terms, plan.out_offsets, mats, biases):
         count = slab_rows(start, width, n)
         if s < 0:
             rows += [constant_slab(x, (len(x),), n, bias) for bias in _row_parts(b, n, count)]
         else:
             rows += [F.linear(slabs[s], part, bias) for part, bias in zip(w.split(n), _row_parts(b, n, count))]
-        start += width
     return torch.stack(rows)
 
 
@@ -227,10 +238,8 @@ def slab_linear_grads(
     terms = len(plan.terms)
     grad_weights: list[torch.Tensor | None] = [None] * len(weights)
     grad_pieces: dict[int, list[torch.Tensor]] = {}
-    start = 0
-    for t, (s, width) in enumerate(plan.terms):
+    for t, ((s, width), start) in enumerate(zip(plan.terms, plan.out_offsets)):
         g = grad[:, start : start + width]
-        start += width
         m, b = index[t], index[terms + t]
         if b >= 0 and needed[b]:
             accumulate_grad(grad_weights, b, g.sum(0))
