@@ -29,7 +29,7 @@ from torch import nn
 
 from eqvit.nn.buffers import ExactBuffers
 from eqvit.nn.irrep_features import FeatureType
-from eqvit.nn.schur import SlabPlan, apply_slabs, slab_plan
+from eqvit.nn.schur import SlabPlan, apply_slabs, slab_matmul, slab_plan
 
 
 class IrrepLinear(ExactBuffers):
@@ -95,6 +95,7 @@ class IrrepLinear(ExactBuffers):
         # The Schur plan of the "components" layout: output slabs, their input slab, and which parameter
         # block builds their matrix (its sign: the first endomorphism basis element is +-I).
         self._impl = _schur_forward if self.schur else _dense_forward
+        self._matmul_impl = _schur_matmul if self.schur else _dense_matmul
         if self.schur:
             self.plan: SlabPlan = slab_plan(in_type, out_type)
             by_irrep = {i: n for n, i in enumerate(self._block_irreps)}
@@ -187,7 +188,12 @@ class IrrepLinear(ExactBuffers):
 
     def bias_vector(self) -> torch.Tensor | None:
         """The bias as a ``[out.dim]`` vector (zero outside the trivial irrep), or None."""
-        return self.dense()[1]
+        return self._dense_bias()
+
+    def matmul(self, other: torch.Tensor) -> torch.Tensor:
+        """``W @ other``: the linear part on the columns of ``other [in.dim, k]`` -> ``[out.dim, k]``; slab by slab
+        in ``components`` layouts (the Schur minimum of multiply-adds, no dense ``W``)."""
+        return self._matmul_impl(self, other)
 
     def weight_matrix_reference(self) -> torch.Tensor:
         """Dense matrix assembled block by block with ``einsum`` (reference for the gather)."""
@@ -264,6 +270,14 @@ class IrrepLinear(ExactBuffers):
                 rest[self._bias_slice] = 0
             if rest.abs().max().item() > atol * max(1.0, b.abs().max().item()):
                 raise ValueError("bias has components outside the trivial irrep (or the layer has no bias)")
+
+
+def _dense_matmul(m: IrrepLinear, other: torch.Tensor) -> torch.Tensor:
+    return m._dense_weight() @ other
+
+
+def _schur_matmul(m: IrrepLinear, other: torch.Tensor) -> torch.Tensor:
+    return slab_matmul(m.plan, m.schur_mats(), other)
 
 
 def _dense_forward(m: IrrepLinear, x: torch.Tensor) -> torch.Tensor:

@@ -127,6 +127,16 @@ def apply_slabs(
     return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
+def slab_matmul(plan: SlabPlan, mats: Sequence[torch.Tensor | None], other: torch.Tensor) -> torch.Tensor:
+    """The Schur linear's matrix times ``other [in, k]`` -> ``[out, k]``: output slab ``t`` is ``mats[t]`` times its
+    input slab's rows of ``other`` (zeros where the plan has none), the slabs stacked."""
+    rows = other.split(plan.in_sizes) if len(plan.in_sizes) > 1 else (other,)
+    parts = [
+        w @ rows[s] if s >= 0 else other.new_zeros(width, other.shape[1]) for (s, width), w in zip(plan.terms, mats)
+    ]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
 def slab_rows(start: int, width: int, n: int) -> int:
     """The number of rows of ``n`` coordinates in the slab ``[start, start + width)`` (ValueError unless whole)."""
     if start % n or width % n:

@@ -32,6 +32,7 @@ from eqvit.nn.linear import IrrepLinear
 from eqvit.nn.norm import IrrepLayerNorm
 from eqvit.nn.posenc.invariant import InvariantAPE
 from eqvit.nn.tokenizers.hexagonal import HEX_GROUPS, HexPatchTokenizer, SquareToHex
+from eqvit.nn.tokenizers.planar import patch_filter_basis
 from eqvit.nn.tokenizers.square import SQUARE_GROUPS, SquarePatchTokenizer
 from eqvit.testing import EquivarianceError, assert_equivariant
 
@@ -195,11 +196,12 @@ def test_fourier_activation_d3_example_of_the_seed():
     assert ftype.multiplicities == [3, 1, 4]
 
 
+@pytest.mark.parametrize("layout", ["copies", "components"])
 @pytest.mark.parametrize(("grid", "group"), [("square", "D4"), ("square", "C4"), ("hex", "D6"), ("hex", "C3")])
-def test_patch_embedding_and_ape_equivariant(grid, group):
+def test_patch_embedding_and_ape_equivariant(grid, group, layout):
     """Tokens of g . I are the tokens of I moved to g . a and acted on by rho_V(g) (eq. 6-8)."""
     G = get_group(group)
-    V = FeatureType.regular(G, 2)
+    V = FeatureType.regular(G, 2, layout=layout)
     if grid == "square":
         tok = SquarePatchTokenizer(G, 12, 4, 2, V)
         points, shape = square_grid(12, 12), (12, 12)
@@ -242,6 +244,57 @@ def test_patch_filter_basis_multiplicities_hexagon():
     chi = (perms == np.arange(19)).sum(1).astype(float)  # character of the permutation rep
     for rho, c in zip(tok.embed.in_type.irreps, tok.embed.in_type.multiplicities):
         assert c == round(float(chi @ rho.character) / G.order)
+
+
+@pytest.mark.parametrize("group", ["D4", "C4", "D6"])
+def test_patch_filter_basis_in_the_components_layout(group):
+    """The basis in ``components`` is the ``copies`` one with its rows in that layout's order, and intertwines."""
+    G = get_group(group)
+    V = FeatureType.regular(G, 1)
+    tok = HexPatchTokenizer(G, HexPatchGrid(1, 3), 2, V) if group == "D6" else SquarePatchTokenizer(G, 8, 4, 2, V)
+    offsets = tok.offsets
+    copies, B = patch_filter_basis(G, offsets, 2)
+    components, B_comp = patch_filter_basis(G, offsets, 2, "components")
+    assert components == copies.with_layout("components")
+    for i, *_ in copies.blocks():
+        np.testing.assert_array_equal(B_comp[components.block_coords(i)], B[copies.block_coords(i)])
+    perms = permutations_for(offsets, G.elements)
+    for g in range(G.order):
+        P = np.kron(np.eye(2), np.eye(len(offsets))[perms[g]].T)  # P_U(g) on channel-major patches
+        np.testing.assert_allclose(B_comp @ P, components.representation[g] @ B_comp, atol=1e-12)
+
+
+@pytest.mark.parametrize("group", ["D4", "C4"])
+def test_schur_patch_embedding_builds_its_filters_slab_by_slab(group):
+    """Tokens in ``components``: the embedding's filters W E are the block-wise reference, built by one product per
+    slab, the Schur minimum of multiply-adds and no dense W (its gradients too)."""
+    G = get_group(group)
+    tok = randomise_(SquarePatchTokenizer(G, 8, 4, 3, FeatureType.regular(G, 2, layout="components"))).double()
+    embed = tok.embed
+    assert embed.proj.schur and embed.in_type.layout == "components"
+    filters, bias = embed.dense()
+    torch.testing.assert_close(filters, embed.filters_reference(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(bias, embed.proj.bias_vector())
+    with eqvit.utils.flop_counter(display=False) as counter:
+        embed.dense()
+    k = embed.filter_basis.shape[1]
+    schur = sum(w * embed.proj.plan.in_sizes[s] for s, w in embed.proj.plan.terms if s >= 0)
+    products = counter.get_flop_counts()["Global"][torch.ops.aten.mm]  # the rest builds a complex irrep's L (x) w
+    assert products == 2 * schur * k < 2 * embed.proj.out_type.dim * embed.in_type.dim * k
+    weight = torch.randn_like(filters)
+    (filters * weight).sum().backward()
+    reference = copy.deepcopy(embed)
+    reference.proj.weight.grad = None
+    (reference.filters_reference() * weight).sum().backward()
+    torch.testing.assert_close(embed.proj.weight.grad, reference.proj.weight.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["copies", "components"])
+def test_irrep_linear_matmul_is_the_dense_product(layout):
+    G = get_group("C4")  # a complex-type irrep: its slab is a whole [d C'', d C'] block
+    lin = randomise_(IrrepLinear(FeatureType.regular(G, 3, layout), FeatureType.regular(G, 2, layout))).double()
+    other = torch.randn(lin.in_type.dim, 5, dtype=torch.float64)
+    torch.testing.assert_close(lin.matmul(other), lin.weight_matrix() @ other, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("layout", ["coupled", "irrepwise"])

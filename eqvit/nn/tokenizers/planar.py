@@ -55,8 +55,10 @@ def permutation_fourier_basis(group: FiniteGroup, perms: np.ndarray) -> tuple[li
     return irreps, np.concatenate(blocks, axis=1)
 
 
-def patch_filter_basis(group: FiniteGroup, offsets: np.ndarray, in_chans: int) -> tuple[FeatureType, np.ndarray]:
-    """The irrep-adapted filter basis of ``C(U, R^in_chans)``.
+def patch_filter_basis(
+    group: FiniteGroup, offsets: np.ndarray, in_chans: int, layout: str = "copies"
+) -> tuple[FeatureType, np.ndarray]:
+    """The irrep-adapted filter basis of ``C(U, R^in_chans)``, its coefficients in ``layout``.
 
     Returns:
         ``(ftype, B)``: ``ftype`` has ``in_chans * nu_rho`` copies of rho and ``B [ftype.dim,
@@ -69,7 +71,7 @@ def patch_filter_basis(group: FiniteGroup, offsets: np.ndarray, in_chans: int) -
     nu = {rho.name: 0 for rho in group.irreps}
     for rho in rep_irreps:
         nu[rho.name] += 1
-    ftype = FeatureType(group, {name: in_chans * n for name, n in nu.items()})
+    ftype = FeatureType(group, {name: in_chans * n for name, n in nu.items()}, layout=layout)
     names = [rho.name for rho in group.irreps]
     cols: dict[str, list[int]] = {name: [] for name in names}  # first column of each copy
     col = 0
@@ -77,12 +79,11 @@ def patch_filter_basis(group: FiniteGroup, offsets: np.ndarray, in_chans: int) -
         cols[rho.name].append(col)
         col += rho.dim
     B = np.zeros((ftype.dim, in_chans * K))
-    for _i, rho, _, sl in ftype.blocks():
-        n = nu[rho.name]
+    for i, rho, _, _ in ftype.blocks():
+        n, coords = nu[rho.name], ftype.block_coords(i)  # [copies, d], in the layout's order
         for c in range(in_chans):
             for a, first in enumerate(cols[rho.name]):
-                row = sl.start + (c * n + a) * rho.dim
-                B[row : row + rho.dim, c * K : (c + 1) * K] = Q[:, first : first + rho.dim].T
+                B[coords[c * n + a], c * K : (c + 1) * K] = Q[:, first : first + rho.dim].T
     return ftype, B
 
 
@@ -101,15 +102,17 @@ class GroupPatchEmbed(ExactBuffers):
 
     def __init__(self, group: FiniteGroup, offsets: np.ndarray, in_chans: int, out_type: FeatureType) -> None:
         super().__init__()
-        self.in_type, basis = patch_filter_basis(group, offsets, in_chans)
+        # the patch's coefficients in the tokens' layout: in ``components`` the embedding is a Schur linear, and
+        # its filters W E are built slab by slab (dense(): a fifth of the multiply-adds at ViT-S, no gather)
+        self.in_type, basis = patch_filter_basis(group, offsets, in_chans, out_type.layout)
         self.register_exact_buffer("filter_basis", torch.from_numpy(basis))
         self.proj = IrrepLinear(self.in_type, out_type)
         self.out_type = out_type
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(filters [out.dim, in_chans * K], bias [out.dim] or None)``, derived on every call."""
-        w, b = self._modules["proj"].dense()
-        return w @ self._buffers["filter_basis"], b
+        proj = self._modules["proj"]
+        return proj.matmul(self._buffers["filter_basis"]), proj.bias_vector()
 
     def filters(self) -> torch.Tensor:
         """``[out.dim, in_chans * K]`` the learned filters ``F = W E`` (seed, Sec. 4.2.1)."""
