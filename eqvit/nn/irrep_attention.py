@@ -632,15 +632,16 @@ class _ProjectHeads(torch.autograd.Function):
                 grad, ctx.plan, ctx.index, weights, ctx.needs_input_grad[4:], [[slab] for slab in slabs]
             )
             slabs = None  # free the copy before the gradient's (peak memory; `del` would stop torch.compile)
-            # back to the heads' order: slab [B N, d h c] as d pieces [B, h, N, c], joined by one cat
+            # back to the heads' order: slab [B N, d h c] as d pieces [B, N, h, c], joined by one cat into [B, N, h,
+            # size] (read in storage order) and seen as [B, h, N, size], the layout of SDPA's output
             B, h, N, _ = heads.shape
             pieces = []
             for s, (d, c) in enumerate(slab_heads):
                 if s in grad_slabs:
-                    pieces += grad_slabs[s][0].view(B, N, d, h, c).permute(2, 0, 3, 1, 4).unbind(0)
+                    pieces += grad_slabs[s][0].view(B, N, d, h, c).unbind(2)
                 else:
-                    pieces.append(heads.new_zeros(B, h, N, d * c))
-            grad_heads = torch.cat(pieces, dim=-1)
+                    pieces.append(heads.new_zeros(B, N, h, d * c))
+            grad_heads = torch.cat(pieces, dim=-1).transpose(1, 2)
         return (grad_heads, None, None, None, *grad_weights)
 
 
